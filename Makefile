@@ -1,0 +1,47 @@
+# Berth: `make run` starts it, `make test` tests it. `make help` lists every target.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+DATA_DIR ?= $(CURDIR)/.berth
+GO_TEST_FLAGS ?=
+
+.PHONY: help run build test deps assets generate verify lint bench clean
+
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+run: build ## Start Berth on the embedded PostgreSQL in ./.berth (prints the URL and the login)
+	BERTH_DATA_DIR=$${BERTH_DATA_DIR:-$(DATA_DIR)} ./bin/berth serve --demo
+
+build: assets ## Build bin/berth
+	go build -trimpath -ldflags '$(LDFLAGS)' -o bin/berth ./cmd/berth
+
+assets: ## Install the front-end packages from npm and copy them into static/vendor
+	./static/vendor.sh
+
+deps: ## Install what the tests need (PostgreSQL server binaries, npm packages)
+	./scripts/test-deps.sh
+
+test: deps assets ## Install what the tests need, then go vet and every test with the race detector
+	go vet ./...
+	go test -race -count=1 $(GO_TEST_FLAGS) ./...
+
+generate: ## Regenerate templ output (commit the result)
+	go tool templ generate -path views
+
+verify: assets ## Check generated code is fresh, gofmt is clean and go vet passes
+	go tool templ generate -path views
+	@git diff --exit-code -- views || { echo "generated templ code was stale: commit the regenerated files"; exit 1; }
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	go vet ./...
+
+lint: verify ## verify plus staticcheck
+	go run honnef.co/go/tools/cmd/staticcheck@2025.1.1 ./...
+
+bench: deps assets ## Run the benchmarks (login, token-authenticated /api/me, …) and print their figures
+	go test -run='^$$' -bench=. -benchmem -count=1 ./...
+
+clean: ## Remove build output (not the data dir)
+	rm -rf bin

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// config is everything a berth process is configured with: environment first, flags override.
+type config struct {
+	Addr          string
+	DataDir       string
+	BaseURL       *url.URL
+	DatabaseURL   string
+	Workers       bool
+	MaxWorkers    int
+	AdminEmail    string
+	AdminPassword string
+	Demo          bool
+	LogLevel      slog.Level
+}
+
+// flagSet is a FlagSet that prints its errors as one line and its help on request.
+func flagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	_ = stderr
+	return fs
+}
+
+// parseFlags parses args and turns flag errors into one clear line.
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprintf(stderr, "usage of berth %s:\n", fs.Name())
+			fs.PrintDefaults()
+			return err
+		}
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
+// baseConfig reads the settings every command shares and registers their flags on fs.
+func baseConfig(fs *flag.FlagSet, getenv func(string) string) *config {
+	c := &config{}
+	fs.StringVar(&c.DataDir, "data-dir", defaultDataDir(getenv), "data directory (BERTH_DATA_DIR)")
+	c.DatabaseURL = getenv("DATABASE_URL")
+	c.LogLevel = slog.LevelInfo
+	if lv := getenv("BERTH_LOG_LEVEL"); lv != "" {
+		_ = c.LogLevel.UnmarshalText([]byte(lv))
+	}
+	return c
+}
+
+// defaultDataDir is BERTH_DATA_DIR, else $XDG_DATA_HOME/berth, else ~/.local/share/berth.
+func defaultDataDir(getenv func(string) string) string {
+	if d := getenv("BERTH_DATA_DIR"); d != "" {
+		return d
+	}
+	if d := getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "berth")
+	}
+	if home := getenv("HOME"); home != "" {
+		return filepath.Join(home, ".local", "share", "berth")
+	}
+	return "berth-data"
+}
+
+// finish validates what the flags and environment gave.
+func (c *config) finish(getenv func(string) string, baseURL string) error {
+	abs, err := filepath.Abs(c.DataDir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	c.DataDir = abs
+	if c.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+			return fmt.Errorf("BERTH_ADDR %q: want host:port", c.Addr)
+		}
+		if baseURL == "" {
+			host, port, _ := net.SplitHostPort(c.Addr)
+			if host == "" || host == "0.0.0.0" || host == "::" {
+				host = "localhost"
+			}
+			baseURL = "http://" + net.JoinHostPort(host, port)
+		}
+	}
+	if baseURL != "" {
+		u, err := url.Parse(baseURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return fmt.Errorf("BERTH_BASE_URL %q: want http(s)://host[:port] with no path", baseURL)
+		}
+		u.Path = ""
+		c.BaseURL = u
+	}
+	c.AdminEmail = getenv("BERTH_ADMIN_EMAIL")
+	c.AdminPassword = getenv("BERTH_ADMIN_PASSWORD")
+	return nil
+}
+
+// envBool reads a boolean environment variable: on/off, true/false, 1/0, yes/no.
+func envBool(getenv func(string) string, name string, def bool) (bool, error) {
+	v := strings.ToLower(strings.TrimSpace(getenv(name)))
+	switch v {
+	case "":
+		return def, nil
+	case "on", "yes":
+		return true, nil
+	case "off", "no":
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return def, fmt.Errorf("%s=%q: want on or off", name, v)
+	}
+	return b, nil
+}
+
+// newLogger logs text lines to w at the configured level.
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// isRoot reports whether the process runs as root (used only for messages).
+func isRoot() bool { return os.Geteuid() == 0 }

@@ -1,0 +1,83 @@
+// Command berth is Berth's one binary: the web server, the job worker, migrations and the
+// operator commands, all against the same database selection (DATABASE_URL, or the embedded
+// default cluster in the data dir).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "berth:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: berth <command> [flags]
+
+commands:
+  serve       run the web server (and the job workers unless --workers=false)
+  worker      run job workers only
+  migrate     apply database migrations and exit
+  user add    create a user: --email E [--admin] [--company SLUG --role board|viewer] [--update]; password on stdin
+  token add   print a new API token for a user: --email E [--name N]
+  version     print the version
+
+configuration (environment): BERTH_ADDR, BERTH_DATA_DIR, BERTH_BASE_URL, DATABASE_URL,
+BERTH_SECRET_KEY, BERTH_WORKERS, BERTH_ADMIN_EMAIL, BERTH_ADMIN_PASSWORD, BERTH_LOG_LEVEL
+`
+
+// run is main without the process: arguments, environment and streams come in, an error goes out.
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command given")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return serve(ctx, rest, getenv, stdout, stderr, true)
+	case "worker":
+		return serve(ctx, rest, getenv, stdout, stderr, false)
+	case "migrate":
+		return migrate(ctx, rest, getenv, stdout, stderr)
+	case "user", "token":
+		if len(rest) == 0 || rest[0] != "add" {
+			return fmt.Errorf("unknown command %q: did you mean %q?", cmd+" "+first(rest), cmd+" add")
+		}
+		if cmd == "user" {
+			return userAdd(ctx, rest[1:], getenv, stdin, stdout, stderr)
+		}
+		return tokenAdd(ctx, rest[1:], getenv, stdout, stderr)
+	case "version", "--version", "-v":
+		fmt.Fprintln(stdout, "berth", version)
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q (run 'berth help')", cmd)
+	}
+}
+
+func first(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	return s[0]
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"berth/handlers"
+	"berth/jobs"
+	"berth/static"
+)
+
+// serve runs the web server (web=true) or a worker node (web=false) until ctx ends, then shuts
+// down in reverse order: HTTP, jobs, database.
+func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, web bool) error {
+	name := "serve"
+	if !web {
+		name = "worker"
+	}
+	fs := flagSet(name, stderr)
+	c := baseConfig(fs, getenv)
+	workersDefault, err := envBool(getenv, "BERTH_WORKERS", true)
+	if err != nil {
+		return err
+	}
+	fs.BoolVar(&c.Workers, "workers", workersDefault, "run job workers in this process (BERTH_WORKERS)")
+	fs.IntVar(&c.MaxWorkers, "max-workers", 20, "concurrent jobs on this node")
+	addrDefault := getenv("BERTH_ADDR")
+	if addrDefault == "" {
+		addrDefault = "127.0.0.1:8080"
+	}
+	if web {
+		fs.StringVar(&c.Addr, "addr", addrDefault, "listen address (BERTH_ADDR)")
+		fs.BoolVar(&c.Demo, "demo", false, "seed a demo company on a fresh install")
+	}
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	if err := c.finish(getenv, getenv("BERTH_BASE_URL")); err != nil {
+		return err
+	}
+	if !web {
+		c.Workers = true
+	}
+	log := newLogger(stderr, c.LogLevel)
+	started := time.Now()
+
+	d, err := openDatabase(ctx, c, log, true)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+
+	client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: log}, jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
+	if err != nil {
+		return err
+	}
+	if c.Workers {
+		if err := client.Start(ctx); err != nil {
+			return fmt.Errorf("start jobs: %w", err)
+		}
+		defer func() {
+			stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := client.Stop(stopCtx); err != nil {
+				log.Warn("jobs did not stop cleanly", "err", err)
+			}
+		}()
+	}
+
+	if !web {
+		log.Info("worker running", "startup_ms", time.Since(started).Milliseconds())
+		<-ctx.Done()
+		log.Info("worker stopping")
+		return nil
+	}
+
+	admin, err := ensureAdmin(ctx, d.Pool, c)
+	if err != nil {
+		return err
+	}
+	if c.Demo {
+		if err := seedDemo(ctx, d.Pool); err != nil {
+			return err
+		}
+	}
+	assets, err := static.New()
+	if err != nil {
+		return err
+	}
+	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Log: log, BaseURL: c.BaseURL, Version: version})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (set BERTH_ADDR to another address)", c.Addr, err)
+	}
+	hs := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       2 * time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          nil,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+
+	log.Info("berth serving", "addr", ln.Addr().String(), "workers", c.Workers, "startup_ms", time.Since(started).Milliseconds())
+	fmt.Fprintf(stdout, "\nBerth is running at %s\n", c.BaseURL)
+	if admin.created {
+		fmt.Fprintf(stdout, "  sign in as %s\n", admin.email)
+		if admin.password != "" {
+			fmt.Fprintf(stdout, "  password:  %s   (generated; shown only this once)\n", admin.password)
+		} else {
+			fmt.Fprintln(stdout, "  password:  the one in BERTH_ADMIN_PASSWORD")
+		}
+	}
+	fmt.Fprintln(stdout)
+
+	select {
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
+		}
+	case <-ctx.Done():
+	}
+	log.Info("berth stopping")
+	shutCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(shutCtx); err != nil {
+		log.Warn("http shutdown", "err", err)
+	}
+	return nil
+}
+

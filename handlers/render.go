@@ -1,0 +1,48 @@
+package handlers
+
+import (
+	"bytes"
+	"net/http"
+
+	"github.com/a-h/templ"
+
+	"berth/views"
+)
+
+// frame is the page frame for the current request.
+func (s *Server) frame(r *http.Request, title, active string) views.Frame {
+	f := views.Frame{
+		Title:   title,
+		Active:  active,
+		Version: s.version,
+		Assets: views.AssetURLs{
+			CSS:  s.assets.URL("css/app.css"),
+			HTMX: s.assets.URL("vendor/htmx.min.js"),
+			App:  s.assets.URL("js/app.js"),
+		},
+	}
+	if p := principalFrom(r.Context()); p != nil && p.Via == "session" {
+		f.Email = p.User.Email
+		f.IsAdmin = p.User.IsInstanceAdmin
+	}
+	return f
+}
+
+// render writes a component with status 200.
+func (s *Server) render(w http.ResponseWriter, r *http.Request, c templ.Component) error {
+	return s.renderStatus(w, r, http.StatusOK, c)
+}
+
+// renderStatus renders into a buffer first, so a rendering error becomes a clean 500 instead of
+// half a page.
+func (s *Server) renderStatus(w http.ResponseWriter, r *http.Request, status int, c templ.Component) error {
+	var buf bytes.Buffer
+	if err := c.Render(r.Context(), &buf); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, err := w.Write(buf.Bytes())
+	return err
+}

@@ -1,0 +1,139 @@
+// Package handlers is Berth's HTTP surface: the server-rendered pages (templ + htmx) and the JSON
+// API under /api. routes.go is the whole route table; handlers return errors and one adapter
+// turns them into responses, so every refusal looks the same. Handlers never touch the
+// filesystem or processes: they read and write through db and enqueue jobs.
+package handlers
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/alexedwards/scs/pgxstore"
+	"github.com/alexedwards/scs/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+)
+
+// Assets is the front-end file set the pages link to.
+type Assets interface {
+	URL(name string) string
+	Handler() http.Handler
+}
+
+// Deps are the server's dependencies, built by cmd/berth.
+type Deps struct {
+	Pool    *pgxpool.Pool
+	Jobs    *river.Client[pgx.Tx] // insert-only or working; used to enqueue inside transactions
+	Assets  Assets
+	Log     *slog.Logger
+	BaseURL *url.URL // the URL people use to reach Berth; https turns on Secure cookies
+	Version string
+	// LoginLimit bounds failed sign-ins per account and per address within LoginWindow;
+	// zero values take the defaults.
+	LoginLimit   LoginLimit
+	SessionStore scs.Store // nil = PostgreSQL (pgxstore); tests may share one
+}
+
+// LoginLimit is the sign-in rate limit.
+type LoginLimit struct {
+	PerAccount int
+	PerAddress int
+	Window     time.Duration
+}
+
+// Server holds the dependencies every handler uses.
+type Server struct {
+	pool     *pgxpool.Pool
+	jobs     *river.Client[pgx.Tx]
+	assets   Assets
+	log      *slog.Logger
+	baseURL  *url.URL
+	version  string
+	limit    LoginLimit
+	sessions *scs.SessionManager
+	store    *pgxstore.PostgresStore
+	cop      *http.CrossOriginProtection
+	handler  http.Handler
+}
+
+// New builds the server and its route table.
+func New(d Deps) (*Server, error) {
+	if d.Pool == nil || d.Assets == nil || d.Log == nil || d.BaseURL == nil {
+		return nil, fmt.Errorf("handlers: pool, assets, log and base URL are required")
+	}
+	s := &Server{
+		pool:    d.Pool,
+		jobs:    d.Jobs,
+		assets:  d.Assets,
+		log:     d.Log,
+		baseURL: d.BaseURL,
+		version: d.Version,
+		limit:   d.LoginLimit,
+	}
+	if s.limit.PerAccount <= 0 {
+		s.limit.PerAccount = 5
+	}
+	if s.limit.PerAddress <= 0 {
+		s.limit.PerAddress = 20
+	}
+	if s.limit.Window <= 0 {
+		s.limit.Window = time.Minute
+	}
+
+	s.sessions = scs.New()
+	if d.SessionStore != nil {
+		s.sessions.Store = d.SessionStore
+	} else {
+		s.store = pgxstore.NewWithCleanupInterval(d.Pool, 30*time.Minute)
+		s.sessions.Store = s.store
+	}
+	s.sessions.Lifetime = 24 * time.Hour
+	s.sessions.IdleTimeout = 8 * time.Hour
+	s.sessions.Cookie.Name = "berth_session"
+	s.sessions.Cookie.HttpOnly = true
+	s.sessions.Cookie.SameSite = http.SameSiteLaxMode
+	s.sessions.Cookie.Path = "/"
+	s.sessions.Cookie.Persist = true
+	if d.BaseURL.Scheme == "https" {
+		// The __Host- prefix pins the cookie to this exact host, over https, for the whole site.
+		s.sessions.Cookie.Name = "__Host-berth_session"
+		s.sessions.Cookie.Secure = true
+	}
+	s.sessions.ErrorFunc = func(w http.ResponseWriter, r *http.Request, err error) {
+		s.renderError(w, r, fmt.Errorf("session: %w", err))
+	}
+
+	s.cop = http.NewCrossOriginProtection()
+	if err := s.cop.AddTrustedOrigin(strings.TrimSuffix(d.BaseURL.Scheme+"://"+d.BaseURL.Host, "/")); err != nil {
+		return nil, fmt.Errorf("handlers: trusted origin: %w", err)
+	}
+
+	s.handler = s.middleware(s.routes())
+	return s, nil
+}
+
+// ServeHTTP serves one request through the middleware chain and the route table.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.handler.ServeHTTP(w, r)
+}
+
+// Close stops the session store's background cleanup.
+func (s *Server) Close() {
+	if s.store != nil {
+		s.store.StopCleanup()
+	}
+}
+
+// secure reports whether Berth is served over https.
+func (s *Server) secure() bool { return s.baseURL.Scheme == "https" }
+
+// background gives work that must finish even if the client went away (audit writes).
+func background(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+}
