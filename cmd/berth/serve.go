@@ -140,4 +140,3 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	return nil
 }
-
