@@ -136,12 +136,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("db: migrate river: %w", err)
 	}
-	res, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
-	if err != nil {
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
 		return fmt.Errorf("db: migrate river: %w", err)
-	}
-	for _, v := range res.Versions {
-		log.Info("applied river migration", "version", v.Version)
 	}
 	return nil
 }

@@ -12,7 +12,7 @@
 //
 //	data/         the PostgreSQL data directory (initdb on first start)
 //	run/          the socket directory; mode 0700, so file permissions are the access control
-//	postgres.log  initdb and postgres output, appended (rotated once to postgres.log.1 at 16 MiB)
+//	postgres.log  initdb and postgres output, appended (moved to postgres.log.1 at a start when over 16 MiB)
 //	start.lock    flock that serializes every start and stop decision
 //	owner         pid and Persistent flag of the owner, which holds an flock on it while alive
 //	users.lock    borrowers hold a shared flock on it; an owner's Stop waits briefly for them
@@ -194,7 +194,7 @@ func start(ctx context.Context, opts Options) (*Cluster, error) {
 		lock = nil
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("wait for another process's cluster to stop: %w", ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 		if lock, err = lockFile(ctx, p.startLock, syscall.LOCK_EX, startTimeout); err != nil {
@@ -239,17 +239,18 @@ func (c *Cluster) own(ctx context.Context, bin binaries, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("run postgres: %w", err)
 	}
-	if err := waitReady(ctx, pm, p); err != nil {
+	abort := func() {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killAfter)
 		defer cancel()
 		_ = pm.shutdown(stopCtx)
+	}
+	if err := waitReady(ctx, pm, p); err != nil {
+		abort()
 		return fmt.Errorf("%w%s", err, logTail(p.log, offset))
 	}
 	owner, err := claimOwner(p.owner, opts.Persistent)
 	if err != nil {
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
-		defer cancel()
-		_ = pm.shutdown(stopCtx)
+		abort()
 		return err
 	}
 	c.owned, c.proc, c.ownerFile = true, pm, owner

@@ -80,14 +80,15 @@ func TestStartRestartKeepsData(t *testing.T) {
 	// the next Start runs crash recovery and keeps committed data.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := pgembed.Start(ctx, opts)
+	crashed, err := pgembed.Start(ctx, opts)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	execSQL(t, c, "INSERT INTO notes VALUES ('after immediate shutdown')")
+	t.Cleanup(func() { _ = crashed.Stop(context.Background()) }) // repeats the result below
+	execSQL(t, crashed, "INSERT INTO notes VALUES ('after immediate shutdown')")
 	ended, end := context.WithCancel(ctx)
 	end()
-	err = c.Stop(ended)
+	err = crashed.Stop(ended)
 	t.Logf("Stop with an ended context: %v", err)
 	assertStopped(t, dir)
 	c = mustStart(t, opts)
@@ -282,6 +283,17 @@ func TestParentDeathStopsPostgres(t *testing.T) {
 	}
 	if got := queryOne[int](t, c, "SELECT 1"); got != 1 {
 		t.Fatalf("SELECT 1 = %d", got)
+	}
+}
+
+// TestDirNeedingQuotes checks that ConnString quotes a socket directory with
+// a space and a quote in its path.
+func TestDirNeedingQuotes(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(newDir(t), "a b'c")
+	c := mustStart(t, pgembed.Options{Dir: dir, Fast: true, Logger: testLogger()})
+	if got := queryOne[string](t, c, "SELECT current_database()"); got != "berth" {
+		t.Fatalf("current_database() = %q, want berth", got)
 	}
 }
 

@@ -5,19 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"os/exec"
 	"os/user"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // proc is a child process started by spawn.
@@ -104,6 +99,7 @@ func command(path, dir string, out *os.File, deathSig syscall.Signal, args ...st
 	cmd := exec.Command(path, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Env = []string{} // not nil, which would mean the whole environment
 	for _, kv := range os.Environ() {
 		// PGDATA, PGPORT, ... must not override the explicit arguments.
 		if !strings.HasPrefix(kv, "PG") {
@@ -137,124 +133,6 @@ func namespaceIDs() (uid, gid int) {
 	return 1000, 1000
 }
 
-// initData runs initdb unless the data directory already holds a cluster. It
-// initializes into a temporary directory and renames it, so an interrupted
-// initdb never leaves a half-made cluster behind. The caller holds start.lock.
-func initData(ctx context.Context, p paths, bin binaries, fast bool, log *slog.Logger) error {
-	if p.dataVersion() != "" {
-		return nil
-	}
-	entries, err := os.ReadDir(p.data)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		return err
-	case len(entries) > 0:
-		return fmt.Errorf("%s is not empty but holds no PostgreSQL cluster (no PG_VERSION); move it away", p.data)
-	default:
-		if err := os.Remove(p.data); err != nil {
-			return err
-		}
-	}
-	tmp := p.data + ".initdb"
-	if err := os.RemoveAll(tmp); err != nil { // left over from an interrupted initdb
-		return err
-	}
-	logFile, offset, err := openLog(p.log)
-	if err != nil {
-		return err
-	}
-	defer logFile.Close()
-	args := []string{"-D", tmp, "-U", superuser, "--auth=trust", "-E", "UTF8", "--locale=C"}
-	if fast {
-		args = append(args, "--no-sync")
-	}
-	began := time.Now()
-	initdb, err := spawn(command(bin.path("initdb"), p.dir, logFile, syscall.SIGKILL, args...))
-	if err != nil {
-		return fmt.Errorf("run initdb: %w", err)
-	}
-	select {
-	case <-initdb.done:
-	case <-ctx.Done():
-		// The whole group: initdb runs postgres in bootstrap mode as its child.
-		_ = syscall.Kill(-initdb.cmd.Process.Pid, syscall.SIGKILL)
-		<-initdb.done
-		_ = os.RemoveAll(tmp)
-		return fmt.Errorf("initdb: %w", ctx.Err())
-	}
-	if initdb.err != nil {
-		_ = os.RemoveAll(tmp)
-		return fmt.Errorf("initdb: %s%s", initdb.exitStatus(), logTail(p.log, offset))
-	}
-	if err := os.Rename(tmp, p.data); err != nil {
-		return err
-	}
-	if !fast {
-		if err := syncDir(p.dir); err != nil {
-			return err
-		}
-	}
-	log.Info("initialized embedded PostgreSQL cluster", "dir", p.data, "took", time.Since(began))
-	return nil
-}
-
-// waitReady waits until the postmaster accepts connections through the socket,
-// then creates database berth unless it exists.
-func waitReady(ctx context.Context, pm *proc, p paths) error {
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
-	defer cancel()
-	for {
-		conn, err := connect(ctx, connString(p.run, "postgres"), time.Second)
-		if err == nil {
-			defer conn.Close(context.WithoutCancel(ctx))
-			return createDatabase(ctx, conn)
-		}
-		select {
-		case <-pm.done:
-			return fmt.Errorf("postgres exited during startup (%s)", pm.exitStatus())
-		case <-ctx.Done():
-			return fmt.Errorf("postgres did not accept connections in time (%w), last attempt: %v", ctx.Err(), err)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-func createDatabase(ctx context.Context, conn *pgx.Conn) error {
-	var exists bool
-	err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", dbName).Scan(&exists)
-	if err != nil {
-		return fmt.Errorf("look for database %s: %w", dbName, err)
-	}
-	if exists {
-		return nil
-	}
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize()); err != nil {
-		return fmt.Errorf("create database %s: %w", dbName, err)
-	}
-	return nil
-}
-
-// connect opens one connection, giving up after timeout.
-func connect(ctx context.Context, connString string, timeout time.Duration) (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	return pgx.Connect(ctx, connString)
-}
-
-// answers reports whether a postmaster serves the socket in run: it accepts a
-// connection, or refuses one for a reason other than starting up or shutting
-// down (e.g. too many clients).
-func answers(ctx context.Context, run string) bool {
-	conn, err := connect(ctx, connString(run, "postgres"), 2*time.Second)
-	if err == nil {
-		conn.Close(ctx)
-		return true
-	}
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code != "57P03" // cannot_connect_now
-}
-
 // postmasterAlive reports whether pid is a live postgres process. Zombies and
 // unrelated processes that reused the pid of a dead postmaster do not count.
 func postmasterAlive(pid int) bool {
@@ -277,116 +155,4 @@ func postmasterAlive(pid int) bool {
 	}
 	comm, state := s[open+1:end], s[end+2]
 	return state != 'Z' && (comm == "postgres" || comm == "postmaster")
-}
-
-// openLog opens the log for appending and returns its size before this run.
-// A log over 16 MiB is first moved to postgres.log.1, replacing the previous one.
-func openLog(path string) (*os.File, int64, error) {
-	if fi, err := os.Stat(path); err == nil && fi.Size() > 16<<20 {
-		if err := os.Rename(path, path+".1"); err != nil {
-			return nil, 0, err
-		}
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, 0, err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, 0, err
-	}
-	return f, fi.Size(), nil
-}
-
-// logTail returns the last lines of the log written after offset, formatted
-// to end an error message, or "" if there are none.
-func logTail(path string, offset int64) string {
-	const maxBytes, maxLines = 4096, 15
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	from := max(offset, fi.Size()-maxBytes, 0)
-	buf := make([]byte, fi.Size()-from)
-	n, _ := f.ReadAt(buf, from)
-	text := strings.TrimRight(string(buf[:n]), "\n")
-	if text == "" {
-		return ""
-	}
-	lines := strings.Split(text, "\n")
-	if from > offset && len(lines) > 1 {
-		lines = lines[1:] // cut mid-line
-	}
-	if len(lines) > maxLines {
-		lines = lines[len(lines)-maxLines:]
-	}
-	return fmt.Sprintf("; last lines of %s:\n\t%s", path, strings.Join(lines, "\n\t"))
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
-}
-
-// paths names the files of a cluster directory (see the package comment).
-type paths struct {
-	dir, data, run, log, startLock, owner, users string
-}
-
-func newPaths(dir string) paths {
-	return paths{
-		dir:       dir,
-		data:      filepath.Join(dir, "data"),
-		run:       filepath.Join(dir, "run"),
-		log:       filepath.Join(dir, "postgres.log"),
-		startLock: filepath.Join(dir, "start.lock"),
-		owner:     filepath.Join(dir, "owner"),
-		users:     filepath.Join(dir, "users.lock"),
-	}
-}
-
-func (p paths) socket() string { return filepath.Join(p.run, fmt.Sprintf(".s.PGSQL.%d", port)) }
-
-// dataVersion returns the major version of the cluster in data, "" if there is none.
-func (p paths) dataVersion() string {
-	b, err := os.ReadFile(filepath.Join(p.data, "PG_VERSION"))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
-}
-
-// postmasterPid returns the pid recorded in postmaster.pid, 0 if there is none.
-func (p paths) postmasterPid() int {
-	b, err := os.ReadFile(filepath.Join(p.data, "postmaster.pid"))
-	if err != nil {
-		return 0
-	}
-	first, _, _ := strings.Cut(string(b), "\n")
-	pid, _ := strconv.Atoi(strings.TrimSpace(first))
-	return pid
-}
-
-// connString builds a keyword/value connection string for db over the socket in run.
-func connString(run, db string) string {
-	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable",
-		quoteValue(run), port, superuser, db)
-}
-
-// quoteValue quotes a keyword/value connection string value when it needs it.
-func quoteValue(v string) string {
-	if v != "" && !strings.ContainsAny(v, " \t\n\r'\\") {
-		return v
-	}
-	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
