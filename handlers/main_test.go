@@ -1,7 +1,9 @@
 package handlers
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -132,4 +134,107 @@ func sessionCookie(resp *http.Response) *http.Cookie {
 		}
 	}
 	return nil
+}
+
+// company creates a company.
+func (e *testEnv) company(name, slug string) db.Company {
+	e.t.Helper()
+	c, err := db.CreateCompany(context.Background(), e.pool, name, slug)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// member gives a user a role in a company.
+func (e *testEnv) member(companyID, userID, role string) {
+	e.t.Helper()
+	if err := db.PutMembership(context.Background(), e.pool, companyID, userID, role); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// actor is a user with an API token, for API tests.
+type actor struct {
+	User  db.User
+	Token string
+}
+
+// actorWith creates a user (instance admin or not) with a token and, when companyID is set, a role.
+func (e *testEnv) actorWith(email string, admin bool, companyID, role string) actor {
+	e.t.Helper()
+	u := e.user(email, "correct horse battery", admin)
+	if companyID != "" && role != "" {
+		e.member(companyID, u.ID, role)
+	}
+	return actor{User: u, Token: e.token(u.ID)}
+}
+
+// roles is the standard cast for role-matrix tests: a board member, a viewer and an instance
+// admin of company A, and a board member of company B.
+type roles struct {
+	A, B                       db.Company
+	Board, Viewer, Admin, Other actor
+}
+
+func (e *testEnv) roles() roles {
+	e.t.Helper()
+	r := roles{A: e.company("Acme", "acme"), B: e.company("Beta", "beta")}
+	r.Board = e.actorWith("board@acme.test", false, r.A.ID, "board")
+	r.Viewer = e.actorWith("viewer@acme.test", false, r.A.ID, "viewer")
+	r.Admin = e.actorWith("admin@instance.test", true, "", "")
+	r.Other = e.actorWith("board@beta.test", false, r.B.ID, "board")
+	return r
+}
+
+// call sends a JSON API request as a with an optional body (marshalled to JSON unless it is a
+// string, sent as-is) and decodes the JSON response into a map (nil for an empty body).
+func (e *testEnv) call(a actor, method, path string, body any) (int, map[string]any) {
+	e.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		buf, err := json.Marshal(b)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		rd = bytes.NewReader(buf)
+	}
+	req, err := http.NewRequest(method, e.ts.URL+path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if a.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.Token)
+	}
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return resp.StatusCode, nil
+	}
+	var out map[string]any
+	if err := json.Unmarshal(raw, &out); err != nil {
+		e.t.Fatalf("%s %s: response is not a JSON object: %s", method, path, raw)
+	}
+	return resp.StatusCode, out
+}
+
+// browser is a signed-in browser session for a (who must have the standard password).
+func (e *testEnv) browser(a actor) *http.Client {
+	e.t.Helper()
+	c := e.client()
+	if resp := e.login(c, a.User.Email, "correct horse battery"); resp.StatusCode != http.StatusSeeOther {
+		e.t.Fatalf("browser login for %s = %d", a.User.Email, resp.StatusCode)
+	}
+	return c
 }

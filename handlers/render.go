@@ -46,3 +46,14 @@ func (s *Server) renderStatus(w http.ResponseWriter, r *http.Request, status int
 	_, err := w.Write(buf.Bytes())
 	return err
 }
+
+// companyFrame is the page frame for a page inside a company.
+func (s *Server) companyFrame(r *http.Request, a access, title, active string) views.Frame {
+	f := s.frame(r, title, active)
+	f.Company = &views.CompanyNav{ID: a.Company.ID, Name: a.Company.Name, Slug: a.Company.Slug,
+		Role: a.Role, CanManage: a.canManage(), IsAdmin: a.Admin}
+	return f
+}
+
+// isHTMX reports whether the request comes from htmx and wants a fragment.
+func isHTMX(r *http.Request) bool { return r.Header.Get("HX-Request") == "true" }

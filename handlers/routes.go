@@ -17,6 +17,11 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /api/health", s.handle(s.health))
 	mux.Handle("GET /api/me", s.api(s.me))
 
+	s.companyRoutes(mux)
+	s.projectRoutes(mux)
+	s.environmentRoutes(mux)
+	s.taskRoutes(mux)
+
 	mux.Handle("/api/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))
 	mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))
 	return mux

@@ -5,11 +5,23 @@ package views
 // Frame is what every full page needs besides its own content.
 type Frame struct {
 	Title   string
-	Active  string // nav key of the current section: "dashboard", …
+	Active  string // nav key of the current section: "dashboard", "projects", "environments", …
 	Email   string // signed-in user's email; empty on public pages
 	IsAdmin bool
 	Version string
 	Assets  AssetURLs
+	// Company is the company the page belongs to; nil on instance-level pages (dashboard).
+	Company *CompanyNav
+}
+
+// CompanyNav is the company a page belongs to, and the caller's standing in it.
+type CompanyNav struct {
+	ID        string
+	Name      string
+	Slug      string
+	Role      string // board, viewer, or "" for an instance admin who is not a member
+	CanManage bool   // board member
+	IsAdmin   bool   // instance admin
 }
 
 // AssetURLs are the content-hashed URLs of the front-end files a page loads.
@@ -26,9 +38,18 @@ type NavItem struct {
 	Href  string
 }
 
-// Nav is the top navigation; later capabilities add their sections here.
-func Nav() []NavItem {
-	return []NavItem{
-		{Key: "dashboard", Label: "Dashboard", Href: "/"},
+// Nav is the top navigation: the dashboard, and the company's sections on a company page.
+func Nav(f Frame) []NavItem {
+	items := []NavItem{{Key: "dashboard", Label: "Dashboard", Href: "/"}}
+	if c := f.Company; c != nil {
+		base := "/companies/" + c.ID
+		items = append(items,
+			NavItem{Key: "projects", Label: "Projects", Href: base},
+			NavItem{Key: "environments", Label: "Environments", Href: base + "/environments"},
+			NavItem{Key: "agents", Label: "Agents", Href: base + "/agents"},
+			NavItem{Key: "members", Label: "Members", Href: base + "/members"},
+			NavItem{Key: "audit", Label: "Audit", Href: base + "/audit"},
+		)
 	}
+	return items
 }
