@@ -40,7 +40,11 @@ func setup(t testing.TB, opts ...func(*Deps)) *testEnv {
 	}
 	ts := httptest.NewUnstartedServer(nil)
 	base, _ := url.Parse("http://" + ts.Listener.Addr().String())
-	d := Deps{Pool: pool, Assets: assets, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), BaseURL: base, Version: "test"}
+	sealer, err := db.NewSealer(bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Deps{Pool: pool, Assets: assets, Secrets: sealer, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), BaseURL: base, Version: "test"}
 	for _, o := range opts {
 		o(&d)
 	}
@@ -173,7 +177,7 @@ func (e *testEnv) actorWith(email string, admin bool, companyID, role string) ac
 // roles is the standard cast for role-matrix tests: a board member, a viewer and an instance
 // admin of company A, and a board member of company B.
 type roles struct {
-	A, B                       db.Company
+	A, B                        db.Company
 	Board, Viewer, Admin, Other actor
 }
 

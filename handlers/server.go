@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+
+	"berth/db"
 )
 
 // Assets is the front-end file set the pages link to.
@@ -32,7 +34,8 @@ type Deps struct {
 	Jobs    *river.Client[pgx.Tx] // insert-only or working; used to enqueue inside transactions
 	Assets  Assets
 	Log     *slog.Logger
-	BaseURL *url.URL // the URL people use to reach Berth; https turns on Secure cookies
+	BaseURL *url.URL   // the URL people use to reach Berth; https turns on Secure cookies
+	Secrets *db.Sealer // seals environment secrets at rest
 	Version string
 	// LoginLimit bounds failed sign-ins per account and per address within LoginWindow;
 	// zero values take the defaults.
@@ -54,6 +57,7 @@ type Server struct {
 	assets   Assets
 	log      *slog.Logger
 	baseURL  *url.URL
+	secrets  *db.Sealer
 	version  string
 	limit    LoginLimit
 	sessions *scs.SessionManager
@@ -64,8 +68,8 @@ type Server struct {
 
 // New builds the server and its route table.
 func New(d Deps) (*Server, error) {
-	if d.Pool == nil || d.Assets == nil || d.Log == nil || d.BaseURL == nil {
-		return nil, fmt.Errorf("handlers: pool, assets, log and base URL are required")
+	if d.Pool == nil || d.Assets == nil || d.Log == nil || d.BaseURL == nil || d.Secrets == nil {
+		return nil, fmt.Errorf("handlers: pool, assets, log, base URL and secrets are required")
 	}
 	s := &Server{
 		pool:    d.Pool,
@@ -73,6 +77,7 @@ func New(d Deps) (*Server, error) {
 		assets:  d.Assets,
 		log:     d.Log,
 		baseURL: d.BaseURL,
+		secrets: d.Secrets,
 		version: d.Version,
 		limit:   d.LoginLimit,
 	}

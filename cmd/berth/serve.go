@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"berth/db"
 	"berth/handlers"
 	"berth/jobs"
 	"berth/static"
@@ -88,11 +89,19 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 			return err
 		}
 	}
+	key, err := db.LoadSecretKey(getenv("BERTH_SECRET_KEY"), c.DataDir)
+	if err != nil {
+		return err
+	}
+	sealer, err := db.NewSealer(key)
+	if err != nil {
+		return err
+	}
 	assets, err := static.New()
 	if err != nil {
 		return err
 	}
-	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Log: log, BaseURL: c.BaseURL, Version: version})
+	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, Log: log, BaseURL: c.BaseURL, Version: version})
 	if err != nil {
 		return err
 	}
