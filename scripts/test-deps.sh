@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Berth's tests need on a fresh Debian/Ubuntu machine, and nothing that is already
-# there: PostgreSQL server binaries (the tests start their own private cluster) and Node/npm for
-# the front-end packages. Needs root (or sudo) only when something is missing.
+# there: PostgreSQL server binaries (the tests start their own private cluster), Node/npm for the
+# front-end packages, git, and Chromium for the browser tests. Needs root (or sudo) only when
+# something is missing.
 set -euo pipefail
 
 need=()
@@ -12,6 +13,7 @@ have_pg() {
 have_pg || need+=(postgresql)
 command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
 command -v git >/dev/null 2>&1 || need+=(git)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -136,6 +136,19 @@ func withDatabase(conn string, name string) string {
 // the test ends.
 func ConnString(t testing.TB) string {
 	t.Helper()
+	return create(t, "")
+}
+
+// EmptyConnString returns the connection string of a fresh database with no schema at all (for
+// migration tests), dropped when the test ends.
+func EmptyConnString(t testing.TB) string {
+	t.Helper()
+	return create(t, "template0")
+}
+
+// create makes a database from template (the migrated template when empty).
+func create(t testing.TB, template string) string {
+	t.Helper()
 	srv.once.Do(srv.start)
 	if srv.err != nil {
 		t.Fatalf("dbtest: %v", srv.err)
@@ -149,7 +162,10 @@ func ConnString(t testing.TB) string {
 		t.Fatalf("dbtest: connect: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE DATABASE `+name+` TEMPLATE `+srv.template); err != nil {
+	if template == "" {
+		template = srv.template
+	}
+	if _, err := conn.Exec(ctx, `CREATE DATABASE `+name+` TEMPLATE `+template); err != nil {
 		t.Fatalf("dbtest: clone template: %v", err)
 	}
 	t.Cleanup(func() {
