@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"berth/db/dbtest"
+)
+
+// browser starts headless Chromium (Debian's package) for one test. Without Chromium the test is
+// skipped, unless BERTH_REQUIRE_BROWSER=1 (set by `make test`) makes that a failure.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("BERTH_REQUIRE_BROWSER") == "1" {
+			t.Fatal("chromium is not installed (make test installs it)")
+		}
+		t.Skip("chromium is not installed; run `make test` to install it")
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck, chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900),
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(allocCtx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute)
+	t.Cleanup(func() { cancelTimeout(); cancelCtx(); cancelAlloc() })
+	return ctx
+}
+
+// screenshot saves the page to BERTH_SCREENSHOTS (when set), for people to look at.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	dir := os.Getenv("BERTH_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// serveForBrowser runs `berth serve` in-process on its own database and returns its base URL.
+func serveForBrowser(t *testing.T, extra map[string]string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	dataDir := t.TempDir()
+	vars := map[string]string{"DATABASE_URL": dbtest.ConnString(t), "BERTH_ADDR": addr, "BERTH_DATA_DIR": dataDir,
+		"BERTH_ADMIN_EMAIL": "admin@example.com", "BERTH_ADMIN_PASSWORD": "a long admin password", "BERTH_LOG_LEVEL": "warn"}
+	for k, v := range extra {
+		vars[k] = v
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errb bytes.Buffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve"}, env(vars), strings.NewReader(""), &out, &errb) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Error("serve did not stop")
+		}
+	})
+	base := "http://" + addr
+	waitHealthy(t, base, time.Minute)
+	return base
+}
+
+// signIn fills the login form in the browser.
+func signIn(t *testing.T, ctx context.Context, base, email, password string) {
+	t.Helper()
+	err := chromedp.Do(ctx,
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`input[name=email]`)),
+		chromedp.SendKeys(chromedp.CSS(`input[name=email]`), email),
+		chromedp.SendKeys(chromedp.CSS(`input[name=password]`), password),
+		chromedp.Click(chromedp.CSS(`form.form button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.page-header h1`)),
+	)
+	if err != nil {
+		t.Fatalf("sign in: %v", err)
+	}
+}
+
+// TestBrowserSignInOut walks the sign-in page in a real browser: a wrong password shows the
+// error, the right one reaches the dashboard, signing out returns to the login page.
+func TestBrowserSignInOut(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	base := serveForBrowser(t, nil)
+
+	var errText string
+	err := chromedp.Do(ctx,
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`input[name=email]`)),
+		chromedp.SendKeys(chromedp.CSS(`input[name=email]`), "admin@example.com"),
+		chromedp.SendKeys(chromedp.CSS(`input[name=password]`), "not the password"),
+		chromedp.Click(chromedp.CSS(`form.form button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.alert-error`)),
+	)
+	if err != nil {
+		t.Fatalf("wrong password: %v", err)
+	}
+	if errText, err = chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`.alert-error`))); err != nil || !strings.Contains(errText, "incorrect") {
+		t.Fatalf("error text %q (%v)", errText, err)
+	}
+	screenshot(t, ctx, "login-error")
+
+	signIn(t, ctx, base, "admin@example.com", "a long admin password")
+	who, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`.who`)))
+	if err != nil || !strings.Contains(who, "admin@example.com") {
+		t.Fatalf("top bar shows %q (%v)", who, err)
+	}
+	screenshot(t, ctx, "dashboard")
+
+	if err := chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)),
+		chromedp.WaitVisible(chromedp.CSS(`input[name=password]`)),
+	); err != nil {
+		t.Fatalf("sign out: %v", err)
+	}
+	loc, _ := chromedp.Run(ctx, chromedp.Location())
+	if !strings.HasSuffix(loc, "/login") {
+		t.Fatalf("after sign-out the browser is at %s", loc)
+	}
+}
