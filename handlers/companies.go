@@ -1,7 +1,289 @@
 package handlers
 
-import "net/http"
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
 
-// companyRoutes registers the companies pages, forms and API routes.
+	"github.com/jackc/pgx/v5"
+
+	"berth/db"
+	"berth/views"
+)
+
+// companyRoutes registers the companies API and the create-company form, and the company
+// sections built alongside them: members, agents and the audit trail. The company page itself
+// (/companies/{cid}, its projects) belongs to projectRoutes.
 func (s *Server) companyRoutes(mux *http.ServeMux) {
+	mux.Handle("POST /api/companies", s.api(s.apiCreateCompany))
+	mux.Handle("GET /api/companies", s.api(s.apiListCompanies))
+	mux.Handle("GET /api/companies/{cid}", s.api(s.apiGetCompany))
+	mux.Handle("POST /companies", s.page(s.createCompanyForm))
+
+	s.memberRoutes(mux)
+	s.agentRoutes(mux)
+	s.auditRoutes(mux)
+}
+
+// companySlugPattern is the companies.slug CHECK of the foundation migration.
+var companySlugPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// companyInput is the body of POST /api/companies and the fields of the create-company form.
+type companyInput struct {
+	Name string `json:"name"`
+	Slug string `json:"slug"`
+}
+
+// normalized trims what people type around names and slugs.
+func (in companyInput) normalized() companyInput {
+	return companyInput{Name: strings.TrimSpace(in.Name), Slug: strings.TrimSpace(in.Slug)}
+}
+
+// validate applies the companies table's rules, one message per field.
+func (in companyInput) validate() map[string]string {
+	fields := map[string]string{}
+	switch n := utf8.RuneCountInString(in.Name); {
+	case n == 0:
+		fields["name"] = "Enter a name."
+	case n > 200:
+		fields["name"] = "Use at most 200 characters."
+	}
+	if !companySlugPattern.MatchString(in.Slug) {
+		fields["slug"] = "Use 1 to 63 lowercase letters, digits and dashes, starting with a letter or digit."
+	}
+	return fields
+}
+
+// companyJSON is a company in API responses; role is the caller's role in it, null for an
+// instance admin who is not a member.
+type companyJSON struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Slug      string    `json:"slug"`
+	Role      *string   `json:"role"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// companyResponse shapes a company for the API, with the caller's role in it.
+func companyResponse(c db.Company, role string) companyJSON {
+	out := companyJSON{ID: c.ID, Name: c.Name, Slug: c.Slug, CreatedAt: c.CreatedAt.UTC()}
+	if role != "" {
+		out.Role = &role
+	}
+	return out
+}
+
+// createCompany creates a company with its creator as the first board member, so someone may
+// manage it at once. A taken slug is a 409 slug_taken. The caller has passed requireAdmin.
+func (s *Server) createCompany(ctx context.Context, r *http.Request, p *principal, in companyInput) (db.Company, error) {
+	in = in.normalized()
+	if fields := in.validate(); len(fields) > 0 {
+		return db.Company{}, invalid(fields)
+	}
+	var c db.Company
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		if c, err = db.CreateCompany(ctx, tx, in.Name, in.Slug); err != nil {
+			return err
+		}
+		if _, err := db.AddMember(ctx, tx, c.ID, p.User.ID, db.RoleBoard); err != nil {
+			return err
+		}
+		a := access{Company: c, Role: db.RoleBoard, Admin: p.User.IsInstanceAdmin, P: p}
+		if err := s.auditTx(ctx, tx, r, a, "company.created", "company", c.ID,
+			map[string]any{"name": c.Name, "slug": c.Slug}); err != nil {
+			return err
+		}
+		return s.auditTx(ctx, tx, r, a, "membership.created", "user", p.User.ID,
+			map[string]any{"email": p.User.Email, "role": db.RoleBoard})
+	})
+	if errors.Is(err, db.ErrConflict) {
+		return db.Company{}, &httpError{Status: http.StatusConflict, Code: "slug_taken",
+			Message: "A company with this slug already exists.",
+			Fields:  map[string]string{"slug": "This slug is taken; choose another."}}
+	}
+	if err != nil {
+		return db.Company{}, err
+	}
+	return c, nil
+}
+
+// instanceAccess is the caller's standing for instance-level actions, which belong to no company.
+func instanceAccess(p *principal) access {
+	return access{Admin: p.User.IsInstanceAdmin, P: p}
+}
+
+// apiCreateCompany is POST /api/companies: instance admins only (others 403, audited).
+func (s *Server) apiCreateCompany(w http.ResponseWriter, r *http.Request, p *principal) error {
+	if err := s.requireAdmin(r, instanceAccess(p), "company.create", "company", ""); err != nil {
+		return err
+	}
+	var in companyInput
+	if err := decodeJSON(w, r, &in); err != nil {
+		return err
+	}
+	c, err := s.createCompany(r.Context(), r, p, in)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, companyResponse(c, db.RoleBoard))
+	return nil
+}
+
+// companyCursor is the keyset position of GET /api/companies: the last slug of a page.
+type companyCursor struct {
+	Slug string `json:"s"`
+}
+
+// apiListCompanies is GET /api/companies: the caller's companies (every company for an
+// instance admin), in slug order.
+func (s *Server) apiListCompanies(w http.ResponseWriter, r *http.Request, p *principal) error {
+	limit, cursor, err := pageParams(r)
+	if err != nil {
+		return err
+	}
+	var after companyCursor
+	if err := decodeCursor(cursor, &after); err != nil {
+		return err
+	}
+	cs, err := db.ListCompanies(r.Context(), s.pool, p.User.ID, p.User.IsInstanceAdmin, after.Slug, limit+1)
+	if err != nil {
+		return err
+	}
+	cs, next := keysetPage(cs, limit, func(c db.VisibleCompany) any { return companyCursor{Slug: c.Slug} })
+	out := listResponse[companyJSON]{Items: make([]companyJSON, 0, len(cs)), NextCursor: next}
+	for _, c := range cs {
+		out.Items = append(out.Items, companyResponse(c.Company, c.Role))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// apiGetCompany is GET /api/companies/{cid}: any member or instance admin; anyone else 404.
+func (s *Server) apiGetCompany(w http.ResponseWriter, r *http.Request, p *principal) error {
+	a, err := s.companyAccess(r.Context(), p, r.PathValue("cid"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, companyResponse(a.Company, a.Role))
+	return nil
+}
+
+// createCompanyForm is POST /companies, the dashboard's create-company form (instance admins).
+// An empty slug is derived from the name. Success goes to the new company's page; a refusal
+// shows the dashboard again with the form's messages.
+func (s *Server) createCompanyForm(w http.ResponseWriter, r *http.Request, p *principal) error {
+	if err := s.requireAdmin(r, instanceAccess(p), "company.create", "company", ""); err != nil {
+		return err
+	}
+	form, err := postedForm(w, r)
+	if err != nil {
+		return err
+	}
+	in := companyInput{Name: form.Get("name"), Slug: form.Get("slug")}
+	if strings.TrimSpace(in.Slug) == "" {
+		in.Slug = slugFrom(in.Name)
+	}
+	c, err := s.createCompany(r.Context(), r, p, in)
+	if he, ok := formFailure(err); ok {
+		return s.renderDashboard(w, r, p, he.Status, views.CompanyForm{
+			Name: in.Name, Slug: in.Slug, Errors: he.Fields, Error: he.Message})
+	}
+	if err != nil {
+		return err
+	}
+	redirectAfterPost(w, r, "/companies/"+c.ID)
+	return nil
+}
+
+// slugFrom derives a slug from a company name: lowercase ASCII letters and digits, every other
+// run of characters a single dash, at most 63 characters.
+func slugFrom(name string) string {
+	var b strings.Builder
+	dash := false
+	for _, c := range strings.ToLower(name) {
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' {
+			if dash && b.Len() > 0 {
+				b.WriteByte('-')
+			}
+			dash = false
+			b.WriteRune(c)
+			continue
+		}
+		dash = true
+	}
+	slug := b.String()
+	if len(slug) > 63 {
+		slug = slug[:63]
+	}
+	return strings.TrimRight(slug, "-")
+}
+
+// The helpers below are shared by the company sections (members, agents, audit).
+
+// maxFormBody is the largest form body the company sections read.
+const maxFormBody = 64 << 10
+
+// postedForm reads a urlencoded form body of at most 64 KiB.
+func postedForm(w http.ResponseWriter, r *http.Request) (url.Values, error) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBody)
+	if err := r.ParseForm(); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &httpError{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large", Message: "The form is too large."}
+		}
+		return nil, badRequest("bad_form", "The form could not be read.")
+	}
+	return r.PostForm, nil
+}
+
+// formFailure reports whether err is a refusal a form shows in place (a validation 422 or a
+// conflict 409 such as a taken name), rather than as an error page.
+func formFailure(err error) (*httpError, bool) {
+	var he *httpError
+	if errors.As(err, &he) && (he.Status == http.StatusUnprocessableEntity || he.Status == http.StatusConflict) {
+		return he, true
+	}
+	return nil, false
+}
+
+// redirectAfterPost sends the browser to url after a successful form: 303 for a plain form,
+// HX-Redirect for htmx.
+func redirectAfterPost(w http.ResponseWriter, r *http.Request, url string) {
+	if isHTMX(r) {
+		w.Header().Set("HX-Redirect", url)
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	http.Redirect(w, r, url, http.StatusSeeOther)
+}
+
+// htmxTarget reports whether an htmx request asks to swap the element with this id (and so
+// wants that fragment, not the page; history restores ask for the page).
+func htmxTarget(r *http.Request, id string) bool {
+	return isHTMX(r) && r.Header.Get("HX-Target") == id && r.Header.Get("HX-History-Restore-Request") != "true"
+}
+
+// keysetPage trims a list fetched with limit+1 rows to limit and returns the cursor of the next
+// page ("" on the last page), made from the last kept item.
+func keysetPage[T any](items []T, limit int, key func(T) any) ([]T, string) {
+	if len(items) <= limit {
+		return items, ""
+	}
+	items = items[:limit]
+	return items, encodeCursor(key(items[limit-1]))
+}
+
+// emptyJSONBody accepts an action's optional body: nothing, or a JSON object with no fields.
+func emptyJSONBody(w http.ResponseWriter, r *http.Request) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	var none struct{}
+	return decodeJSON(w, r, &none)
 }

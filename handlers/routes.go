@@ -4,7 +4,7 @@ import "net/http"
 
 // routes is the whole route table. Pages need a session (else a redirect to /login); /api needs
 // a session or a bearer token (else 401); health and static files are public.
-func (s *Server) routes() http.Handler {
+func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux := http.NewServeMux()
 
 	mux.Handle("GET /static/", http.StripPrefix("/static", s.assets.Handler()))
@@ -21,6 +21,7 @@ func (s *Server) routes() http.Handler {
 	s.projectRoutes(mux)
 	s.environmentRoutes(mux)
 	s.taskRoutes(mux)
+	s.adminRoutes(mux, jobsUI)
 
 	mux.Handle("/api/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))
 	mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))

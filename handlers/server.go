@@ -61,9 +61,9 @@ type Server struct {
 	version  string
 	limit    LoginLimit
 	sessions *scs.SessionManager
-	store    *pgxstore.PostgresStore
 	cop      *http.CrossOriginProtection
 	handler  http.Handler
+	stopUI   context.CancelFunc
 }
 
 // New builds the server and its route table.
@@ -95,8 +95,9 @@ func New(d Deps) (*Server, error) {
 	if d.SessionStore != nil {
 		s.sessions.Store = d.SessionStore
 	} else {
-		s.store = pgxstore.NewWithCleanupInterval(d.Pool, 30*time.Minute)
-		s.sessions.Store = s.store
+		// No cleanup goroutine (its start races with StopCleanup): the housekeeping job deletes
+		// expired sessions, and Find ignores them until then.
+		s.sessions.Store = pgxstore.NewWithCleanupInterval(d.Pool, 0)
 	}
 	s.sessions.Lifetime = 24 * time.Hour
 	s.sessions.IdleTimeout = 8 * time.Hour
@@ -119,7 +120,18 @@ func New(d Deps) (*Server, error) {
 		return nil, fmt.Errorf("handlers: trusted origin: %w", err)
 	}
 
-	s.handler = s.middleware(s.routes())
+	var jobsUI http.Handler
+	if d.Jobs != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopUI = cancel
+		ui, err := s.newJobsUI(ctx)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		jobsUI = ui
+	}
+	s.handler = s.middleware(s.routes(jobsUI))
 	return s, nil
 }
 
@@ -128,10 +140,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handler.ServeHTTP(w, r)
 }
 
-// Close stops the session store's background cleanup.
+// Close stops the River UI's background services.
 func (s *Server) Close() {
-	if s.store != nil {
-		s.store.StopCleanup()
+	if s.stopUI != nil {
+		s.stopUI()
 	}
 }
 

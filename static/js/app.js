@@ -10,6 +10,15 @@
 	if (window.htmx) {
 		window.htmx.config.includeIndicatorStyles = false;
 		window.htmx.config.allowEval = false;
+		// Forms answer a refused submission (422 validation, 409 conflict) with the form
+		// and its messages: swap those like a success. Other errors are not swapped.
+		window.htmx.config.responseHandling = [
+			{ code: "204", swap: false },
+			{ code: "[23]..", swap: true },
+			{ code: "422", swap: true },
+			{ code: "409", swap: true },
+			{ code: "[45]..", swap: false, error: true },
+		];
 	}
 
 	// <form data-confirm="Delete this workspace?"> (or a submit button with
