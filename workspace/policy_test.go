@@ -51,7 +51,10 @@ func TestResolvePlan(t *testing.T) {
 		{"project default isolated branches the git source", func(in *PlanInput) { in.Policy.DefaultMode = ModeIsolated },
 			want{mode: "isolated", strategy: "git_worktree", env: local.ID, branch: "berth/PRJ-7", hostScripts: true, services: true,
 				traceHas: []string{"strategy=git_worktree", "branch=berth/PRJ-7"}}},
-		{"custom branch template", func(in *PlanInput) { in.Policy.DefaultMode = ModeIsolated; in.Policy.BranchTemplate = "work/{task_key}" },
+		{"custom branch template", func(in *PlanInput) {
+			in.Policy.DefaultMode = ModeIsolated
+			in.Policy.BranchTemplate = "work/{task_key}"
+		},
 			want{mode: "isolated", strategy: "git_worktree", env: local.ID, branch: "work/PRJ-7", hostScripts: true, services: true}},
 		{"isolated directory source is copied", func(in *PlanInput) { in.Policy.DefaultMode = ModeIsolated; in.PrimarySource = "directory" },
 			want{mode: "isolated", strategy: "copy", env: local.ID, hostScripts: true, services: true, traceHas: []string{"strategy=copy"}}},

@@ -1,0 +1,494 @@
+package workspace
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Strategy names how a workspace root was realized; the values are the ones stored in the ledger.
+type Strategy string
+
+// The realization strategies.
+const (
+	// StrategyGitWorktree is a git worktree on a task branch.
+	StrategyGitWorktree Strategy = "git_worktree"
+	// StrategyCopy is a filtered copy of a directory (or an imported capsule).
+	StrategyCopy Strategy = "copy"
+	// StrategyShared is no copy at all: the project workspace root itself, never deleted by Berth.
+	StrategyShared Strategy = "shared"
+)
+
+// Options configures a Manager; the zero value is usable.
+type Options struct {
+	// Author signs the commits Berth makes (finalize, rescue); zero means DefaultIdentity.
+	Author Identity
+}
+
+// Manager owns the managed base <data dir>/workspaces (mode 0700) and every root it creates there.
+// It keeps an ownership record beside each root (outside it, so nothing running inside a workspace
+// can forge or delete it) and never adopts or deletes a directory it did not create. Holders taken
+// with Acquire are in-process only: they protect against this process destroying a root it is still
+// using, not against other processes (cross-process exclusion is the caller's lease).
+type Manager struct {
+	dataDir string
+	base    string // real path of <data dir>/workspaces
+	cache   string // <data dir>/git-cache
+	git     gitRunner
+
+	mu       sync.Mutex
+	holders  map[string]int
+	closing  map[string]bool
+	srcLocks map[string]*sync.Mutex
+}
+
+// record is the ownership marker written atomically to <base>/<ref>.record.
+type record struct {
+	Ref        string    `json:"ref"`
+	Strategy   Strategy  `json:"strategy"`
+	CreatedAt  time.Time `json:"created_at"`
+	Dev        uint64    `json:"dev,omitempty"`
+	Ino        uint64    `json:"ino,omitempty"`
+	Birth      int64     `json:"birth_ns,omitempty"` // creation time where the file system keeps one
+	GitDir     string    `json:"git_dir,omitempty"`
+	Branch     string    `json:"branch,omitempty"`
+	SharedRoot string    `json:"shared_root,omitempty"`
+}
+
+const (
+	recordSuffix   = ".record"
+	manifestSuffix = ".manifest"
+)
+
+// NewManager prepares <dataDir>/workspaces, <dataDir>/git-cache and a private git HOME, all mode
+// 0700, and returns a Manager over them. dataDir must be absolute.
+func NewManager(dataDir string, opts Options) (*Manager, error) {
+	if !filepath.IsAbs(dataDir) {
+		return nil, fmt.Errorf("new manager: data dir must be absolute: %w", ErrUnsafePath)
+	}
+	dirs := map[string]string{}
+	for _, name := range []string{"workspaces", "git-cache", "git-home"} {
+		p := filepath.Join(dataDir, name)
+		if err := ensurePrivateDir(p); err != nil {
+			return nil, fmt.Errorf("new manager: %w", err)
+		}
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return nil, fmt.Errorf("new manager: %w", err)
+		}
+		dirs[name] = real
+	}
+	realData, err := filepath.EvalSymlinks(dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("new manager: %w", err)
+	}
+	return &Manager{
+		dataDir:  realData,
+		base:     dirs["workspaces"],
+		cache:    dirs["git-cache"],
+		git:      newGitRunner(dirs["git-home"], opts.Author),
+		holders:  map[string]int{},
+		closing:  map[string]bool{},
+		srcLocks: map[string]*sync.Mutex{},
+	}, nil
+}
+
+// ensurePrivateDir creates dir with mode 0700 (parents too) and tightens an existing one to 0700; it
+// refuses a symlink or a non-directory in its place.
+func ensurePrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory: %w", filepath.Base(dir), ErrUnsafePath)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		return os.Chmod(dir, 0o700)
+	}
+	return nil
+}
+
+// Base returns the absolute path of the managed base; Result.Cwd values are relative to it.
+func (m *Manager) Base() string { return m.base }
+
+// Root returns the absolute directory of a workspace: the managed root, or for a shared workspace the
+// project directory it points at. It fails with ErrNotManaged for refs without a valid record.
+func (m *Manager) Root(ref string) (string, error) {
+	rec, err := m.owned(ref)
+	if err != nil {
+		return "", fmt.Errorf("workspace root: %w", err)
+	}
+	if rec.Strategy == StrategyShared {
+		return rec.SharedRoot, nil
+	}
+	return filepath.Join(m.base, ref), nil
+}
+
+// Acquire registers an in-process holder of ref; until release is called, Destroy refuses the ref
+// with ErrBusy. release is idempotent. Acquire fails with ErrNotManaged for unknown refs and with
+// ErrBusy while the ref is being destroyed.
+func (m *Manager) Acquire(ref string) (release func(), err error) {
+	if !ValidRef(ref) {
+		return nil, fmt.Errorf("acquire: %w", ErrBadRef)
+	}
+	// Register first, verify second: a Destroy that starts after the registration sees the holder,
+	// and one that finished before it makes the ownership check fail.
+	m.mu.Lock()
+	if m.closing[ref] {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("acquire %s: %w", ref, ErrBusy)
+	}
+	m.holders[ref]++
+	m.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if m.holders[ref]--; m.holders[ref] <= 0 {
+				delete(m.holders, ref)
+			}
+		})
+	}
+	if _, err := m.owned(ref); err != nil {
+		release()
+		return nil, fmt.Errorf("acquire: %w", err)
+	}
+	return release, nil
+}
+
+// beginExclusive marks ref as closing so that no holder can be taken; it fails with ErrBusy when a
+// holder exists or another exclusive operation runs.
+func (m *Manager) beginExclusive(ref string) (end func(), err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.holders[ref] > 0 || m.closing[ref] {
+		return nil, ErrBusy
+	}
+	m.closing[ref] = true
+	return func() {
+		m.mu.Lock()
+		delete(m.closing, ref)
+		m.mu.Unlock()
+	}, nil
+}
+
+// Destroy removes a managed root: for a git worktree it first unregisters the worktree from its
+// repository (the task branch is kept), then deletes the directory, then the record. It refuses refs
+// with a live holder (ErrBusy), refs it does not own, roots replaced since creation and shared
+// workspaces (ErrNotManaged). It is safe to retry: a record whose directory is already gone is
+// cleaned up.
+func (m *Manager) Destroy(ctx context.Context, ref string) error {
+	if !ValidRef(ref) {
+		return fmt.Errorf("destroy: %w", ErrBadRef)
+	}
+	end, err := m.beginExclusive(ref)
+	if err != nil {
+		return fmt.Errorf("destroy %s: %w", ref, err)
+	}
+	defer end()
+	rec, err := m.owned(ref)
+	if err != nil {
+		// A record whose directory is entirely gone (an interrupted Destroy, or a hand deletion) is
+		// finished off: only bookkeeping remains, nothing on disk is adopted. A replaced directory
+		// stays refused.
+		stale, rerr := m.readRecord(ref)
+		if _, lerr := os.Lstat(filepath.Join(m.base, ref)); rerr != nil || stale.Strategy == StrategyShared || !errors.Is(lerr, fs.ErrNotExist) {
+			return fmt.Errorf("destroy: %w", err)
+		}
+		rec = stale
+	}
+	if rec.Strategy == StrategyShared {
+		return fmt.Errorf("destroy %s: shared workspace: %w", ref, ErrNotManaged)
+	}
+	if err := m.removeRoot(ctx, rec); err != nil {
+		return fmt.Errorf("destroy %s: %w", ref, err)
+	}
+	return nil
+}
+
+// Forget drops the record of a shared workspace; it never touches the project directory and refuses
+// managed roots (use Destroy) with ErrNotManaged and held refs with ErrBusy.
+func (m *Manager) Forget(ref string) error {
+	if !ValidRef(ref) {
+		return fmt.Errorf("forget: %w", ErrBadRef)
+	}
+	end, err := m.beginExclusive(ref)
+	if err != nil {
+		return fmt.Errorf("forget %s: %w", ref, err)
+	}
+	defer end()
+	rec, err := m.owned(ref)
+	if err != nil {
+		return fmt.Errorf("forget: %w", err)
+	}
+	if rec.Strategy != StrategyShared {
+		return fmt.Errorf("forget %s: managed root, use Destroy: %w", ref, ErrNotManaged)
+	}
+	if err := os.Remove(m.recordPath(ref)); err != nil {
+		return fmt.Errorf("forget %s: %w", ref, err)
+	}
+	return syncDir(m.base)
+}
+
+// removeRoot unregisters a worktree, deletes the root and then its bookkeeping files.
+func (m *Manager) removeRoot(ctx context.Context, rec record) error {
+	root := filepath.Join(m.base, rec.Ref)
+	if rec.GitDir != "" {
+		lock := m.sourceLock(rec.GitDir)
+		lock.Lock()
+		defer lock.Unlock()
+		// A failure here is tolerated: the worktree may be half-created or already unregistered, and
+		// the prune below drops whatever registration is left once the directory is gone.
+		_, err := m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "worktree", "remove", "--force", "--force", root)
+		if err != nil && ctx.Err() != nil {
+			return err
+		}
+	}
+	if err := removeTree(root); err != nil {
+		return err
+	}
+	if rec.GitDir != "" {
+		if _, err := os.Stat(rec.GitDir); err == nil {
+			_, _ = m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "worktree", "prune")
+		}
+	}
+	for _, p := range []string{m.recordPath(rec.Ref), m.manifestPath(rec.Ref)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return syncDir(m.base)
+}
+
+// removeTree deletes dir and everything below it without following symlinks; when permissions
+// block it (a run left read-only directories), it makes directories writable and retries.
+func removeTree(dir string) error {
+	err := os.RemoveAll(dir)
+	if err == nil {
+		return nil
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, werr error) error {
+		if werr == nil && d.IsDir() {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
+}
+
+// Listing describes one workspace ref known to the Manager.
+type Listing struct {
+	Ref      string   // the workspace ref
+	Strategy Strategy // how it was realized
+	// Missing is true when the record exists but its managed directory does not (or was replaced).
+	Missing bool
+}
+
+// List returns the workspaces this Manager owns, sorted by ref.
+func (m *Manager) List(ctx context.Context) ([]Listing, error) {
+	names, err := readDirNames(ctx, m.base)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	var out []Listing
+	for _, n := range names {
+		ref, ok := strings.CutSuffix(n, recordSuffix)
+		if !ok || !ValidRef(ref) {
+			continue
+		}
+		rec, err := m.readRecord(ref)
+		if err != nil {
+			continue
+		}
+		l := Listing{Ref: ref, Strategy: rec.Strategy}
+		if rec.Strategy != StrategyShared {
+			if _, err := m.owned(ref); err != nil {
+				l.Missing = true
+			}
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// Unmanaged reports the names of entries under the base that no record owns (left-over staging
+// directories, directories created by hand, replaced roots). They are reported, never deleted.
+func (m *Manager) Unmanaged(ctx context.Context) ([]string, error) {
+	names, err := readDirNames(ctx, m.base)
+	if err != nil {
+		return nil, fmt.Errorf("unmanaged: %w", err)
+	}
+	var out []string
+	for _, n := range names {
+		if ref, ok := strings.CutSuffix(n, recordSuffix); ok && ValidRef(ref) {
+			continue
+		}
+		if ref, ok := strings.CutSuffix(n, manifestSuffix); ok && ValidRef(ref) {
+			continue
+		}
+		if strings.HasPrefix(n, ".record-") { // an in-flight atomic write
+			continue
+		}
+		if ValidRef(n) {
+			if _, err := m.owned(n); err == nil {
+				continue
+			}
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func readDirNames(ctx context.Context, dir string) ([]string, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var names []string
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		batch, err := f.Readdirnames(1024)
+		names = append(names, batch...)
+		if err != nil {
+			break
+		}
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+func (m *Manager) recordPath(ref string) string   { return filepath.Join(m.base, ref+recordSuffix) }
+func (m *Manager) manifestPath(ref string) string { return filepath.Join(m.base, ref+manifestSuffix) }
+
+func (m *Manager) readRecord(ref string) (record, error) {
+	var rec record
+	b, err := readFileNoFollow(m.recordPath(ref), 1<<20)
+	if err != nil {
+		return rec, err
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, err
+	}
+	if rec.Ref != ref {
+		return rec, errors.New("record names another ref")
+	}
+	return rec, nil
+}
+
+// owned returns the record of ref if this Manager created it and, for managed roots, the directory
+// is still the very one it created (same device, inode and birth time; not a symlink).
+func (m *Manager) owned(ref string) (record, error) {
+	if !ValidRef(ref) {
+		return record{}, ErrBadRef
+	}
+	rec, err := m.readRecord(ref)
+	if err != nil {
+		return record{}, fmt.Errorf("%s: %w", ref, ErrNotManaged)
+	}
+	if rec.Strategy == StrategyShared {
+		return rec, nil
+	}
+	id, err := dirIdentity(filepath.Join(m.base, ref))
+	if err != nil {
+		return record{}, fmt.Errorf("%s: directory missing or replaced: %w", ref, ErrNotManaged)
+	}
+	if id != (identity{rec.Dev, rec.Ino, rec.Birth}) {
+		return record{}, fmt.Errorf("%s: directory replaced: %w", ref, ErrNotManaged)
+	}
+	return rec, nil
+}
+
+// identity tells one directory from another created later under the same name: device, inode and
+// birth time (inode numbers are reused at once after a delete; birth times are not).
+type identity struct {
+	dev, ino uint64
+	birth    int64
+}
+
+// dirIdentity returns the identity of a real directory at p, without following a symlink.
+func dirIdentity(p string) (identity, error) {
+	var stx unix.Statx_t
+	err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BTIME, &stx)
+	if err != nil {
+		return identity{}, err
+	}
+	if stx.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return identity{}, fmt.Errorf("not a directory: %w", ErrUnsafePath)
+	}
+	id := identity{dev: unix.Mkdev(stx.Dev_major, stx.Dev_minor), ino: stx.Ino}
+	if stx.Mask&unix.STATX_BTIME != 0 {
+		id.birth = stx.Btime.Sec*1e9 + int64(stx.Btime.Nsec)
+	}
+	return id, nil
+}
+
+// createRoot makes a new empty root under the base and records it; the ref is fresh from
+// crypto/rand, never from input.
+func (m *Manager) createRoot(rec record) (record, string, error) {
+	for range 8 {
+		ref := newRef()
+		root := filepath.Join(m.base, ref)
+		if err := os.Mkdir(root, 0o755); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				continue
+			}
+			return record{}, "", err
+		}
+		rec.Ref = ref
+		rec.CreatedAt = time.Now().UTC()
+		if err := m.stampAndWrite(&rec, root); err != nil {
+			_ = os.Remove(root)
+			return record{}, "", err
+		}
+		return rec, root, nil
+	}
+	return record{}, "", errors.New("could not allocate a fresh ref")
+}
+
+// stampAndWrite records the identity (device, inode, birth time) of root in rec and writes the record.
+func (m *Manager) stampAndWrite(rec *record, root string) error {
+	id, err := dirIdentity(root)
+	if err != nil {
+		return err
+	}
+	rec.Dev, rec.Ino, rec.Birth = id.dev, id.ino, id.birth
+	return m.writeRecord(*rec)
+}
+
+func (m *Manager) writeRecord(rec record) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(m.base, m.recordPath(rec.Ref), b)
+}
+
+// sourceLock serializes operations on one git repository or cache inside this process.
+func (m *Manager) sourceLock(key string) *sync.Mutex {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, ok := m.srcLocks[key]
+	if !ok {
+		l = &sync.Mutex{}
+		m.srcLocks[key] = l
+	}
+	return l
+}

@@ -1,0 +1,286 @@
+package workspace
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+)
+
+// DefaultBranchTemplate names task branches when a project sets no template.
+const DefaultBranchTemplate = "berth/{task_key}"
+
+// GitWorktreeSpec says where a git worktree comes from and which task it serves.
+type GitWorktreeSpec struct {
+	// Source is an absolute path to a local repository, or a git URL (https, ssh, git, file).
+	Source string
+	// DefaultRef is the branch, tag or full commit id to start from; empty means the source's
+	// default branch.
+	DefaultRef string
+	// TaskKey fills {task_key} in the branch template (for example "PRJ-12").
+	TaskKey string
+	// BranchTemplate is the task branch pattern; empty means DefaultBranchTemplate.
+	BranchTemplate string
+}
+
+// RenderBranch renders a branch template with the task key and validates the result with
+// `git check-ref-format --branch`; {task_key} is the only placeholder.
+func (m *Manager) RenderBranch(ctx context.Context, template, taskKey string) (string, error) {
+	if template == "" {
+		template = DefaultBranchTemplate
+	}
+	if strings.TrimSpace(taskKey) == "" {
+		return "", fmt.Errorf("render branch: empty task key: %w", ErrBadBranch)
+	}
+	b := strings.ReplaceAll(template, "{task_key}", taskKey)
+	if strings.ContainsAny(b, "{}") || strings.HasPrefix(b, "-") || strings.Contains(b, "@{") || b == "HEAD" || b == "@" {
+		return "", fmt.Errorf("render branch %q: %w", b, ErrBadBranch)
+	}
+	out, _, err := m.git.exec(ctx, gitCall{}, "check-ref-format", "--branch", b)
+	if err != nil {
+		return "", fmt.Errorf("render branch: %w", err)
+	}
+	if strings.TrimSpace(string(out.stdout)) != b {
+		return "", fmt.Errorf("render branch %q: %w", b, ErrBadBranch)
+	}
+	return b, nil
+}
+
+// RealizeGitWorktree prepares a task worktree under the managed base with
+// `git worktree add -b <branch> <root> <base commit>`. For a local source the branch is created in
+// that repository; for a URL, in Berth's bare cache (cloned once, fetched on each preparation).
+// Nothing is ever pushed. When the task branch already exists:
+//   - checked out in a clean managed worktree with no commits beyond the base: that worktree is
+//     reused (Result.Reused), fast-forwarded if the base moved on;
+//   - not checked out anywhere and descending from the base (or an ancestor of it, i.e. unstarted):
+//     a new worktree checks it out (an unstarted branch is first fast-forwarded to the base);
+//   - checked out elsewhere, or started work in a dirty or foreign worktree: ErrBranchInUse;
+//   - history that neither descends from the base nor is an ancestor of it: ErrBranchConflict.
+func (m *Manager) RealizeGitWorktree(ctx context.Context, spec GitWorktreeSpec) (Result, error) {
+	res, err := m.realizeGitWorktree(ctx, spec)
+	if err != nil {
+		return Result{}, fmt.Errorf("realize git_worktree: %w", err)
+	}
+	return res, nil
+}
+
+func (m *Manager) realizeGitWorktree(ctx context.Context, spec GitWorktreeSpec) (Result, error) {
+	branch, err := m.RenderBranch(ctx, spec.BranchTemplate, spec.TaskKey)
+	if err != nil {
+		return Result{}, err
+	}
+	src, unlock, err := m.resolveSource(ctx, spec.Source)
+	if err != nil {
+		return Result{}, err
+	}
+	defer unlock()
+	gd := "--git-dir=" + src.gitDir
+	baseRef, base, err := m.resolveBase(ctx, src, spec.DefaultRef)
+	if err != nil {
+		return Result{}, err
+	}
+	tree, err := m.git.run(ctx, gitCall{}, gd, "rev-parse", "--verify", base+"^{tree}")
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Strategy: StrategyGitWorktree, Branch: branch, BaseRef: baseRef, BaseCommit: base, TreeDigest: "git:" + tree}
+	if _, err := m.git.run(ctx, gitCall{}, gd, "worktree", "prune"); err != nil {
+		return Result{}, err
+	}
+	tip, exists, err := m.revParse(ctx, src.gitDir, "refs/heads/"+branch)
+	if err != nil {
+		return Result{}, err
+	}
+	if !exists {
+		return m.addWorktree(ctx, src, res, "--no-track", "-b", branch, "{root}", base)
+	}
+
+	descends, err := m.git.test(ctx, gitCall{}, gd, "merge-base", "--is-ancestor", base, tip)
+	if err != nil {
+		return Result{}, err
+	}
+	unstarted, err := m.git.test(ctx, gitCall{}, gd, "merge-base", "--is-ancestor", tip, base)
+	if err != nil {
+		return Result{}, err
+	}
+	if !descends && !unstarted {
+		return Result{}, fmt.Errorf("branch %s at %.12s does not descend from base %.12s: %w", branch, tip, base, ErrBranchConflict)
+	}
+	wt, err := m.worktreeOf(ctx, src.gitDir, branch)
+	if err != nil {
+		return Result{}, err
+	}
+	if wt == "" {
+		if unstarted && tip != base {
+			// No own commits: move the branch to the new base (refusing if it moved meanwhile).
+			if _, err := m.git.run(ctx, gitCall{}, gd, "update-ref", "refs/heads/"+branch, base, tip); err != nil {
+				return Result{}, err
+			}
+		}
+		return m.addWorktree(ctx, src, res, "{root}", branch)
+	}
+	ref, ok := m.managedWorktree(wt, src.gitDir)
+	if !ok || !unstarted {
+		return Result{}, fmt.Errorf("branch %s is checked out in another worktree: %w", branch, ErrBranchInUse)
+	}
+	status, err := m.git.run(ctx, gitCall{dir: wt}, "status", "--porcelain", "--untracked-files=all")
+	if err != nil {
+		return Result{}, err
+	}
+	if status != "" {
+		return Result{}, fmt.Errorf("branch %s is checked out in a dirty worktree: %w", branch, ErrBranchInUse)
+	}
+	if tip != base {
+		if _, err := m.git.run(ctx, gitCall{dir: wt}, "merge", "--ff-only", "--quiet", base); err != nil {
+			return Result{}, err
+		}
+	}
+	res.Ref, res.Cwd, res.Reused = ref, ref, true
+	return res, nil
+}
+
+// addWorktree creates a managed root and runs `git worktree add` with args, where "{root}" stands
+// for the new root. On failure the root is removed again.
+func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, args ...string) (Result, error) {
+	rec, root, err := m.createRoot(record{Strategy: StrategyGitWorktree, GitDir: src.gitDir, Branch: res.Branch})
+	if err != nil {
+		return Result{}, err
+	}
+	full := []string{"--git-dir=" + src.gitDir, "worktree", "add", "--quiet"}
+	for _, a := range args {
+		if a == "{root}" {
+			a = root
+		}
+		full = append(full, a)
+	}
+	if _, err := m.git.run(ctx, gitCall{}, full...); err != nil {
+		_ = m.removeRootLocked(context.WithoutCancel(ctx), rec)
+		return Result{}, err
+	}
+	res.Ref, res.Cwd = rec.Ref, rec.Ref
+	return res, nil
+}
+
+// removeRootLocked is removeRoot for callers that already hold the source lock.
+func (m *Manager) removeRootLocked(ctx context.Context, rec record) error {
+	root := filepath.Join(m.base, rec.Ref)
+	_, _ = m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "worktree", "remove", "--force", "--force", root)
+	rec.GitDir = "" // already unregistered (or never registered); prune happens on the next prepare
+	return m.removeRoot(ctx, rec)
+}
+
+// managedWorktree maps a worktree path to the ref of a root this Manager owns for the same repository.
+func (m *Manager) managedWorktree(wt, gitDir string) (string, bool) {
+	if filepath.Dir(wt) != m.base {
+		return "", false
+	}
+	ref := filepath.Base(wt)
+	rec, err := m.owned(ref)
+	if err != nil || rec.Strategy != StrategyGitWorktree || rec.GitDir != gitDir {
+		return "", false
+	}
+	return ref, true
+}
+
+// worktreeOf returns the path of the worktree that has branch checked out, or "".
+func (m *Manager) worktreeOf(ctx context.Context, gitDir, branch string) (string, error) {
+	out, err := m.git.run(ctx, gitCall{}, "--git-dir="+gitDir, "worktree", "list", "--porcelain")
+	if err != nil {
+		return "", err
+	}
+	var cur string
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		if p, ok := strings.CutPrefix(line, "worktree "); ok {
+			cur = p
+		} else if b, ok := strings.CutPrefix(line, "branch "); ok && b == "refs/heads/"+branch {
+			return cur, nil
+		}
+	}
+	return "", nil
+}
+
+// revParse resolves rev to a commit id; ok is false when it does not exist.
+func (m *Manager) revParse(ctx context.Context, gitDir, rev string) (string, bool, error) {
+	out, code, err := m.git.exec(ctx, gitCall{}, "--git-dir="+gitDir, "rev-parse", "--verify", "--quiet", "--end-of-options", rev+"^{commit}")
+	if err != nil {
+		return "", false, err
+	}
+	if code != 0 {
+		return "", false, nil
+	}
+	return strings.TrimSpace(string(out.stdout)), true, nil
+}
+
+// resolveBase turns the requested default ref into a fully qualified ref that resolves in the
+// repository holding the worktree, and its commit.
+func (m *Manager) resolveBase(ctx context.Context, src gitSource, want string) (string, string, error) {
+	gd := "--git-dir=" + src.gitDir
+	var candidates []string
+	switch {
+	case want == "" && src.remote:
+		head, err := m.git.run(ctx, gitCall{}, gd, "symbolic-ref", "refs/remotes/origin/HEAD")
+		if err != nil {
+			return "", "", err
+		}
+		candidates = []string{head}
+	case want == "":
+		head, err := m.git.run(ctx, gitCall{}, gd, "symbolic-ref", "-q", "HEAD")
+		if err != nil {
+			head = "HEAD" // detached HEAD: start from its commit
+		}
+		candidates = []string{head}
+	default:
+		if err := m.checkRefName(ctx, want); err != nil {
+			return "", "", err
+		}
+		if src.remote {
+			candidates = []string{"refs/remotes/origin/" + want, "refs/tags/" + want}
+		} else {
+			candidates = []string{"refs/heads/" + want, "refs/tags/" + want, "refs/remotes/" + want}
+		}
+		if strings.HasPrefix(want, "refs/") {
+			candidates = append([]string{want}, candidates...)
+		}
+		if isFullCommitID(want) {
+			candidates = append(candidates, want)
+		}
+	}
+	for _, c := range candidates {
+		sha, ok, err := m.revParse(ctx, src.gitDir, c)
+		if err != nil {
+			return "", "", err
+		}
+		if ok {
+			return c, sha, nil
+		}
+	}
+	return "", "", fmt.Errorf("default ref %q not found: %w", want, ErrNotFound)
+}
+
+// checkRefName accepts full commit ids and names that git's ref-format rules allow.
+func (m *Manager) checkRefName(ctx context.Context, name string) error {
+	if isFullCommitID(name) {
+		return nil
+	}
+	if strings.HasPrefix(name, "-") || strings.Contains(name, "@{") {
+		return fmt.Errorf("ref %q: %w", name, ErrBadBranch)
+	}
+	ok, err := m.git.test(ctx, gitCall{}, "check-ref-format", "--allow-onelevel", name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("ref %q: %w", name, ErrBadBranch)
+	}
+	return nil
+}
+
+func isFullCommitID(s string) bool {
+	if len(s) != 40 && len(s) != 64 {
+		return false
+	}
+	return strings.Trim(s, "0123456789abcdef") == ""
+}
