@@ -15,19 +15,6 @@ import (
 	"berth/views"
 )
 
-// agentRoutes registers the agents API and page. Agents are company principals for automation:
-// any member or instance admin reads them; board members create and disable them.
-func (s *Server) agentRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /api/companies/{cid}/agents", s.api(s.apiListAgents))
-	mux.Handle("POST /api/companies/{cid}/agents", s.api(s.apiCreateAgent))
-	mux.Handle("GET /api/agents/{id}", s.api(s.apiGetAgent))
-	mux.Handle("POST /api/agents/{id}/disable", s.api(s.apiDisableAgent))
-
-	mux.Handle("GET /companies/{cid}/agents", s.page(s.agentsPage))
-	mux.Handle("POST /companies/{cid}/agents", s.page(s.createAgentForm))
-	mux.Handle("POST /companies/{cid}/agents/{id}/disable", s.page(s.disableAgentForm))
-}
-
 // agentInput is the body of POST …/agents and the create-agent form.
 type agentInput struct {
 	Name        string `json:"name"`

@@ -22,7 +22,7 @@ func (e *testEnv) agentIn(companyID, name string) db.Agent {
 
 func TestAgentsAPIRoleMatrix(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	who := sectionActors(r)
 	existing := e.agentIn(r.A.ID, "deploy-bot")
@@ -93,7 +93,7 @@ func TestAgentsAPIRoleMatrix(t *testing.T) {
 
 func TestDisableAgentIdempotentAndRevokesTokens(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	ag := e.agentIn(r.A.ID, "deploy-bot")
 	_, hash, err := db.NewToken()
@@ -128,7 +128,7 @@ func TestDisableAgentIdempotentAndRevokesTokens(t *testing.T) {
 
 func TestCreateAgentRefusals(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	e.agentIn(r.A.ID, "deploy-bot")
 	path := "/api/companies/" + r.A.ID + "/agents"
@@ -175,7 +175,7 @@ func TestCreateAgentRefusals(t *testing.T) {
 
 func TestAgentsPage(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	page := "/companies/" + r.A.ID + "/agents"
 	board := e.browser(r.Board)

@@ -13,13 +13,6 @@ import (
 	"berth/views"
 )
 
-// auditRoutes registers a company's audit trail: the API and the page. Any member or instance
-// admin reads it; nobody writes it except the changes and refusals it records.
-func (s *Server) auditRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /api/companies/{cid}/audit-events", s.api(s.apiListAudit))
-	mux.Handle("GET /companies/{cid}/audit", s.page(s.auditPage))
-}
-
 // maxAuditFilter bounds each filter value.
 const maxAuditFilter = 254
 

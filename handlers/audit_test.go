@@ -49,7 +49,7 @@ func (e *testEnv) auditPages(a actor, path string) []map[string]any {
 
 func TestAuditAPIRoleMatrix(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	who := sectionActors(r)
 	e.call(r.Board, http.MethodPost, "/api/companies/"+r.A.ID+"/agents", map[string]any{"name": "a-bot"})
@@ -82,7 +82,7 @@ func TestAuditAPIRoleMatrix(t *testing.T) {
 
 func TestAuditFiltersAndPagination(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	agents := "/api/companies/" + r.A.ID + "/agents"
 	var ids []string
@@ -151,7 +151,7 @@ func TestAuditFiltersAndPagination(t *testing.T) {
 
 func TestAuditPage(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	for i := range 4 {
 		e.call(r.Board, http.MethodPost, "/api/companies/"+r.A.ID+"/agents", map[string]any{"name": fmt.Sprintf("bot-%d", i)})

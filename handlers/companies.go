@@ -16,20 +16,6 @@ import (
 	"berth/views"
 )
 
-// companyRoutes registers the companies API and the create-company form, and the company
-// sections built alongside them: members, agents and the audit trail. The company page itself
-// (/companies/{cid}, its projects) belongs to projectRoutes.
-func (s *Server) companyRoutes(mux *http.ServeMux) {
-	mux.Handle("POST /api/companies", s.api(s.apiCreateCompany))
-	mux.Handle("GET /api/companies", s.api(s.apiListCompanies))
-	mux.Handle("GET /api/companies/{cid}", s.api(s.apiGetCompany))
-	mux.Handle("POST /companies", s.page(s.createCompanyForm))
-
-	s.memberRoutes(mux)
-	s.agentRoutes(mux)
-	s.auditRoutes(mux)
-}
-
 // companySlugPattern is the companies.slug CHECK of the foundation migration.
 var companySlugPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 

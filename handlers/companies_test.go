@@ -11,18 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/alexedwards/scs/pgxstore"
 )
-
-// setupSections is setup for the company-section tests with the session store's cleanup
-// goroutine off: pgxstore starts that goroutine asynchronously and its StopCleanup (called by
-// Server.Close) races with the start, which -race reports under parallel tests. Sessions still
-// live in PostgreSQL.
-func setupSections(t *testing.T) *testEnv {
-	t.Helper()
-	return setup(t, func(d *Deps) { d.SessionStore = pgxstore.NewWithCleanupInterval(d.Pool, 0) })
-}
 
 // digest fingerprints the rows of a query, so a test can show a refused call changed nothing.
 func (e *testEnv) digest(query string) string {
@@ -111,7 +100,7 @@ func companySlugs(body map[string]any) []string {
 
 func TestCompaniesAPIRoleMatrix(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	who := sectionActors(r)
 
@@ -179,7 +168,7 @@ func TestCompaniesAPIRoleMatrix(t *testing.T) {
 
 func TestCreateCompanyRefusals(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	cases := []struct {
 		name   string
@@ -226,7 +215,7 @@ func TestCreateCompanyRefusals(t *testing.T) {
 
 func TestCompaniesPagination(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	for i := range 5 {
 		e.company(fmt.Sprintf("Company %d", i), fmt.Sprintf("c%d", i))
@@ -267,7 +256,7 @@ func TestCompaniesPagination(t *testing.T) {
 
 func TestCreateCompanyForm(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	admin := e.browser(r.Admin)
 
@@ -318,7 +307,7 @@ func TestCreateCompanyForm(t *testing.T) {
 
 func TestDashboardEscapesAndLinksCompanies(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	evil := e.company("<script>alert(1)</script>", "evil")
 	e.member(evil.ID, r.Board.User.ID, "viewer")
@@ -338,7 +327,7 @@ func TestDashboardEscapesAndLinksCompanies(t *testing.T) {
 
 func TestDashboardEmptyStates(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	admin := e.actorWith("admin@instance.test", true, "", "")
 	newcomer := e.actorWith("new@example.com", false, "", "")
 	if _, body := e.getPage(e.browser(admin), "/", nil); !strings.Contains(body, "Create the first company") {
@@ -367,7 +356,7 @@ func dashboardStats(t *testing.T, body string) map[string]int {
 
 func TestDashboardCounts(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	ctx := context.Background()
 	exec := func(sql string, args ...any) {

@@ -22,23 +22,6 @@ import (
 	"berth/views"
 )
 
-// environmentRoutes registers the environments pages, forms and API routes. Any member of the
-// company and every instance admin may read (secrets redacted); only instance admins create, edit,
-// archive or restore.
-func (s *Server) environmentRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /api/companies/{cid}/environments", s.api(s.apiListEnvironments))
-	mux.Handle("POST /api/companies/{cid}/environments", s.api(s.apiCreateEnvironment))
-	mux.Handle("GET /api/environments/{id}", s.api(s.apiGetEnvironment))
-	mux.Handle("PATCH /api/environments/{id}", s.api(s.apiPatchEnvironment))
-
-	mux.Handle("GET /companies/{cid}/environments", s.page(s.environmentsPage))
-	mux.Handle("POST /companies/{cid}/environments", s.page(s.createEnvironmentForm))
-	mux.Handle("GET /environments/{id}", s.page(s.environmentPage))
-	mux.Handle("POST /environments/{id}", s.page(s.updateEnvironmentForm))
-	mux.Handle("POST /environments/{id}/archive", s.page(s.archiveEnvironmentForm))
-	mux.Handle("POST /environments/{id}/unarchive", s.page(s.unarchiveEnvironmentForm))
-}
-
 // envNoActiveImage is the active image every environment has until image versions exist; it enters
 // the fingerprint so that activating an image will clear the qualification on the same path.
 const envNoActiveImage = ""

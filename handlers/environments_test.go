@@ -17,18 +17,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/alexedwards/scs/pgxstore"
 	"golang.org/x/crypto/ssh"
 
 	"berth/db"
 )
-
-// envSetup is setup with a session store that runs no cleanup goroutine: the default store's
-// goroutine races with its own StopCleanup under -race.
-func envSetup(t *testing.T, opts ...func(*Deps)) *testEnv {
-	t.Helper()
-	return setup(t, append([]func(*Deps){func(d *Deps) { d.SessionStore = pgxstore.NewWithCleanupInterval(d.Pool, 0) }}, opts...)...)
-}
 
 // envKeys is a fresh ed25519 key pair: the private key as PEM, the public key as an
 // authorized_keys line, and a piece of the PEM body to search responses for.
@@ -137,7 +129,7 @@ func sshBody(name string, k envKeys) map[string]any {
 
 func TestEnvironmentAPIRoleMatrix(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	env := e.envCreate(r.Admin, r.A.ID, map[string]any{"name": "build", "driver": "local"})
 	id := env["id"].(string)
@@ -207,7 +199,7 @@ func TestEnvironmentAPIRoleMatrix(t *testing.T) {
 
 func TestEnvironmentPagesRoleMatrix(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	id := e.envCreate(r.Admin, r.A.ID, map[string]any{"name": "build", "driver": "local"})["id"].(string)
 	listPage := "/companies/" + r.A.ID + "/environments"
@@ -302,7 +294,7 @@ func (b *envLogBuffer) String() string {
 func TestEnvironmentSecretsNeverLeak(t *testing.T) {
 	t.Parallel()
 	logs := &envLogBuffer{}
-	e := envSetup(t, func(d *Deps) {
+	e := setup(t, func(d *Deps) {
 		d.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
 	r := e.roles()
@@ -418,7 +410,7 @@ func TestEnvironmentSecretsNeverLeak(t *testing.T) {
 
 func TestEnvironmentServerOwnedFields(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	id := e.envCreate(r.Admin, r.A.ID, map[string]any{"name": "build", "driver": "local"})["id"].(string)
 	before, rows := e.envRow(id), e.count(`SELECT count(*) FROM environments`)
@@ -450,7 +442,7 @@ func TestEnvironmentServerOwnedFields(t *testing.T) {
 
 func TestEnvironmentQualificationClearing(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	k, k2 := newEnvKeys(t), newEnvKeys(t)
 	sandbox := e.envCreate(r.Admin, r.A.ID, map[string]any{"name": "box", "driver": "sandbox"})["id"].(string)
@@ -509,7 +501,7 @@ func TestEnvironmentQualificationClearing(t *testing.T) {
 
 func TestEnvironmentArchiveRefusedWhileLeased(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	id := e.envCreate(r.Admin, r.A.ID, map[string]any{"name": "build", "driver": "local"})["id"].(string)
 	lease := func(status string) {
@@ -566,7 +558,7 @@ func TestEnvironmentArchiveRefusedWhileLeased(t *testing.T) {
 
 func TestEnvironmentHTMLEscaping(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	name := `<script>alert("env")</script>`
 	id := e.envCreate(r.Admin, r.A.ID, map[string]any{"name": name, "driver": "local",
@@ -589,7 +581,7 @@ func TestEnvironmentHTMLEscaping(t *testing.T) {
 
 func TestEnvironmentAPIHygiene(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	list := "/api/companies/" + r.A.ID + "/environments"
 	id := e.envCreate(r.Admin, r.A.ID, map[string]any{"name": "build", "driver": "local"})["id"].(string)
@@ -675,7 +667,7 @@ func TestEnvironmentAPIHygiene(t *testing.T) {
 
 func TestEnvironmentListPagination(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	for i := 5; i >= 1; i-- {
 		e.envCreate(r.Admin, r.A.ID, map[string]any{"name": fmt.Sprintf("env-%d", i), "driver": "local"})
@@ -720,7 +712,7 @@ func TestEnvironmentListPagination(t *testing.T) {
 
 func TestEnvironmentForms(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	k := newEnvKeys(t)
 	admin := e.browser(r.Admin)
@@ -847,7 +839,7 @@ func TestEnvironmentForms(t *testing.T) {
 
 func TestEnvironmentDBLookups(t *testing.T) {
 	t.Parallel()
-	e := envSetup(t)
+	e := setup(t)
 	r := e.roles()
 	ctx := context.Background()
 	a := e.envCreate(r.Admin, r.A.ID, map[string]any{"name": "b-local", "driver": "local"})["id"].(string)

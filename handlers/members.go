@@ -16,20 +16,6 @@ import (
 	"berth/views"
 )
 
-// memberRoutes registers the members API and page. Any member or instance admin reads; board
-// members add, change and remove; a company never loses its last board member.
-func (s *Server) memberRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /api/companies/{cid}/members", s.api(s.apiListMembers))
-	mux.Handle("POST /api/companies/{cid}/members", s.api(s.apiAddMember))
-	mux.Handle("PATCH /api/companies/{cid}/members/{user_id}", s.api(s.apiChangeMemberRole))
-	mux.Handle("DELETE /api/companies/{cid}/members/{user_id}", s.api(s.apiRemoveMember))
-
-	mux.Handle("GET /companies/{cid}/members", s.page(s.membersPage))
-	mux.Handle("POST /companies/{cid}/members", s.page(s.addMemberForm))
-	mux.Handle("POST /companies/{cid}/members/{user_id}/role", s.page(s.changeMemberRoleForm))
-	mux.Handle("POST /companies/{cid}/members/{user_id}/remove", s.page(s.removeMemberForm))
-}
-
 // errLastBoardMember refuses a change that would leave the company with nobody to manage it.
 var errLastBoardMember = &httpError{Status: http.StatusConflict, Code: "last_board_member",
 	Message: "A company needs at least one board member: make someone else board first."}

@@ -16,7 +16,7 @@ import (
 
 func TestMembersAPIRoleMatrix(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	who := sectionActors(r)
 	carol := e.user("carol@example.com", "correct horse battery", false)
@@ -85,7 +85,7 @@ func TestMembersAPIRoleMatrix(t *testing.T) {
 
 func TestMembersListShape(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	status, body := e.call(r.Viewer, http.MethodGet, "/api/companies/"+r.A.ID+"/members?limit=1", nil)
 	items, _ := body["items"].([]any)
@@ -105,7 +105,7 @@ func TestMembersListShape(t *testing.T) {
 
 func TestAddMemberRefusals(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	e.user("carol@example.com", "correct horse battery", false)
 	path := "/api/companies/" + r.A.ID + "/members"
@@ -160,7 +160,7 @@ func TestAddMemberRefusals(t *testing.T) {
 
 func TestLastBoardMember(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	path := "/api/companies/" + r.A.ID + "/members/"
 	before := e.digests()
@@ -197,7 +197,7 @@ func TestLastBoardMember(t *testing.T) {
 // second waits for the first's membership lock, then sees it is the last board member.
 func TestLastBoardMemberConcurrent(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	second := e.actorWith("second@acme.test", false, r.A.ID, "board")
 	ctx := context.Background()
@@ -243,7 +243,7 @@ func TestLastBoardMemberConcurrent(t *testing.T) {
 
 func TestMembersPage(t *testing.T) {
 	t.Parallel()
-	e := setupSections(t)
+	e := setup(t)
 	r := e.roles()
 	e.user("carol@example.com", "correct horse battery", false)
 	evil := e.user(`<script>alert(1)</script>@evil.test`, "correct horse battery", false)

@@ -1,6 +1,10 @@
 package handlers
 
-import "net/http"
+import (
+	"net/http"
+
+	"berth/db"
+)
 
 // routes is the whole route table. Pages need a session (else a redirect to /login); /api needs
 // a session or a bearer token (else 401); health and static files are public.
@@ -17,10 +21,92 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /api/health", s.handle(s.health))
 	mux.Handle("GET /api/me", s.api(s.me))
 
-	s.companyRoutes(mux)
-	s.projectRoutes(mux)
-	s.environmentRoutes(mux)
-	s.taskRoutes(mux)
+	// Companies (POST: instance admins).
+	mux.Handle("POST /api/companies", s.api(s.apiCreateCompany))
+	mux.Handle("GET /api/companies", s.api(s.apiListCompanies))
+	mux.Handle("GET /api/companies/{cid}", s.api(s.apiGetCompany))
+	mux.Handle("POST /companies", s.page(s.createCompanyForm))
+
+	// Members (changes: board members).
+	mux.Handle("GET /api/companies/{cid}/members", s.api(s.apiListMembers))
+	mux.Handle("POST /api/companies/{cid}/members", s.api(s.apiAddMember))
+	mux.Handle("PATCH /api/companies/{cid}/members/{user_id}", s.api(s.apiChangeMemberRole))
+	mux.Handle("DELETE /api/companies/{cid}/members/{user_id}", s.api(s.apiRemoveMember))
+
+	mux.Handle("GET /companies/{cid}/members", s.page(s.membersPage))
+	mux.Handle("POST /companies/{cid}/members", s.page(s.addMemberForm))
+	mux.Handle("POST /companies/{cid}/members/{user_id}/role", s.page(s.changeMemberRoleForm))
+	mux.Handle("POST /companies/{cid}/members/{user_id}/remove", s.page(s.removeMemberForm))
+
+	// Agents (changes: board members).
+	mux.Handle("GET /api/companies/{cid}/agents", s.api(s.apiListAgents))
+	mux.Handle("POST /api/companies/{cid}/agents", s.api(s.apiCreateAgent))
+	mux.Handle("GET /api/agents/{id}", s.api(s.apiGetAgent))
+	mux.Handle("POST /api/agents/{id}/disable", s.api(s.apiDisableAgent))
+
+	mux.Handle("GET /companies/{cid}/agents", s.page(s.agentsPage))
+	mux.Handle("POST /companies/{cid}/agents", s.page(s.createAgentForm))
+	mux.Handle("POST /companies/{cid}/agents/{id}/disable", s.page(s.disableAgentForm))
+
+	// Audit trail.
+	mux.Handle("GET /api/companies/{cid}/audit-events", s.api(s.apiListAudit))
+	mux.Handle("GET /companies/{cid}/audit", s.page(s.auditPage))
+
+	// Projects (changes: board members).
+	mux.Handle("GET /api/companies/{cid}/projects", s.api(s.apiListProjects))
+	mux.Handle("POST /api/companies/{cid}/projects", s.api(s.apiCreateProject))
+	mux.Handle("GET /api/projects/{id}", s.api(s.apiGetProject))
+	mux.Handle("PATCH /api/projects/{id}", s.api(s.apiPatchProject))
+
+	mux.Handle("GET /companies/{cid}", s.page(s.projectsPage))
+	mux.Handle("POST /companies/{cid}/projects", s.page(s.createProjectForm))
+	mux.Handle("GET /projects/{id}", s.page(s.projectPage))
+	mux.Handle("POST /projects/{id}", s.page(s.updateProjectForm))
+	mux.Handle("POST /projects/{id}/archive", s.page(s.projectStatusForm(db.ProjectArchived)))
+	mux.Handle("POST /projects/{id}/unarchive", s.page(s.projectStatusForm(db.ProjectActive)))
+
+	// Project workspaces (changes: board members).
+	mux.Handle("GET /api/projects/{id}/workspaces", s.api(s.apiListProjectWorkspaces))
+	mux.Handle("POST /api/projects/{id}/workspaces", s.api(s.apiCreateProjectWorkspace))
+	mux.Handle("GET /api/project-workspaces/{id}", s.api(s.apiGetProjectWorkspace))
+	mux.Handle("PATCH /api/project-workspaces/{id}", s.api(s.apiPatchProjectWorkspace))
+	mux.Handle("DELETE /api/project-workspaces/{id}", s.api(s.apiDeleteProjectWorkspace))
+
+	mux.Handle("POST /projects/{id}/workspaces", s.page(s.createProjectWorkspaceForm))
+	mux.Handle("GET /project-workspaces/{id}", s.page(s.projectWorkspacePage))
+	mux.Handle("POST /project-workspaces/{id}", s.page(s.updateProjectWorkspaceForm))
+	mux.Handle("POST /project-workspaces/{id}/primary", s.page(s.primaryProjectWorkspaceForm))
+	mux.Handle("POST /project-workspaces/{id}/delete", s.page(s.deleteProjectWorkspaceForm))
+
+	// Environments (changes: instance admins).
+	mux.Handle("GET /api/companies/{cid}/environments", s.api(s.apiListEnvironments))
+	mux.Handle("POST /api/companies/{cid}/environments", s.api(s.apiCreateEnvironment))
+	mux.Handle("GET /api/environments/{id}", s.api(s.apiGetEnvironment))
+	mux.Handle("PATCH /api/environments/{id}", s.api(s.apiPatchEnvironment))
+
+	mux.Handle("GET /companies/{cid}/environments", s.page(s.environmentsPage))
+	mux.Handle("POST /companies/{cid}/environments", s.page(s.createEnvironmentForm))
+	mux.Handle("GET /environments/{id}", s.page(s.environmentPage))
+	mux.Handle("POST /environments/{id}", s.page(s.updateEnvironmentForm))
+	mux.Handle("POST /environments/{id}/archive", s.page(s.archiveEnvironmentForm))
+	mux.Handle("POST /environments/{id}/unarchive", s.page(s.unarchiveEnvironmentForm))
+
+	// Tasks, effective plan, workspace binding (changes: board members).
+	mux.Handle("GET /api/projects/{id}/tasks", s.api(s.listTasksAPI))
+	mux.Handle("POST /api/projects/{id}/tasks", s.api(s.createTaskAPI))
+	mux.Handle("GET /api/tasks/{id}", s.api(s.getTaskAPI))
+	mux.Handle("PATCH /api/tasks/{id}", s.api(s.patchTaskAPI))
+	mux.Handle("GET /api/tasks/{id}/plan", s.api(s.planAPI))
+	mux.Handle("GET /api/tasks/{id}/workspace", s.api(s.getBindingAPI))
+	mux.Handle("PUT /api/tasks/{id}/workspace", s.api(s.putBindingAPI))
+
+	mux.Handle("GET /projects/{id}/tasks", s.page(s.taskListPage))
+	mux.Handle("POST /projects/{id}/tasks", s.page(s.createTaskForm))
+	mux.Handle("GET /tasks/{id}", s.page(s.taskPage))
+	mux.Handle("POST /tasks/{id}", s.page(s.updateTaskForm))
+	mux.Handle("GET /tasks/{id}/plan", s.page(s.planFragment))
+	mux.Handle("POST /tasks/{id}/workspace", s.page(s.bindingForm))
+
 	s.adminRoutes(mux, jobsUI)
 
 	mux.Handle("/api/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))

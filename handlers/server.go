@@ -39,8 +39,7 @@ type Deps struct {
 	Version string
 	// LoginLimit bounds failed sign-ins per account and per address within LoginWindow;
 	// zero values take the defaults.
-	LoginLimit   LoginLimit
-	SessionStore scs.Store // nil = PostgreSQL (pgxstore); tests may share one
+	LoginLimit LoginLimit
 }
 
 // LoginLimit is the sign-in rate limit.
@@ -92,13 +91,9 @@ func New(d Deps) (*Server, error) {
 	}
 
 	s.sessions = scs.New()
-	if d.SessionStore != nil {
-		s.sessions.Store = d.SessionStore
-	} else {
-		// No cleanup goroutine (its start races with StopCleanup): the housekeeping job deletes
-		// expired sessions, and Find ignores them until then.
-		s.sessions.Store = pgxstore.NewWithCleanupInterval(d.Pool, 0)
-	}
+	// No cleanup goroutine (its start races with StopCleanup): the housekeeping job deletes
+	// expired sessions, and Find ignores them until then.
+	s.sessions.Store = pgxstore.NewWithCleanupInterval(d.Pool, 0)
 	s.sessions.Lifetime = 24 * time.Hour
 	s.sessions.IdleTimeout = 8 * time.Hour
 	s.sessions.Cookie.Name = "berth_session"

@@ -73,30 +73,3 @@ func ensureAdmin(ctx context.Context, pool *pgxpool.Pool, c *config) (firstAdmin
 	}
 	return out, nil
 }
-
-// seedDemo gives a fresh install (no companies yet) a demo company with every instance admin as
-// a board member, so a newcomer has something to look at. Later runs change nothing.
-func seedDemo(ctx context.Context, pool *pgxpool.Pool) error {
-	return db.InTx(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(bootstrapLockKey)); err != nil {
-			return fmt.Errorf("demo: lock: %w", err)
-		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM companies)`).Scan(&exists); err != nil {
-			return fmt.Errorf("demo: %w", err)
-		}
-		if exists {
-			return nil
-		}
-		co, err := db.CreateCompany(ctx, tx, "Demo Company", "demo")
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO memberships (company_id, user_id, role)
-			SELECT $1, id, 'board' FROM users WHERE is_instance_admin ON CONFLICT DO NOTHING`, co.ID); err != nil {
-			return fmt.Errorf("demo: members: %w", err)
-		}
-		return db.InsertAudit(ctx, tx, db.AuditEvent{CompanyID: co.ID, ActorType: db.ActorSystem, ActorLabel: "demo seed",
-			Action: "company.created", TargetType: "company", TargetID: co.ID, Details: map[string]any{"slug": co.Slug}})
-	})
-}

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -196,7 +197,7 @@ func waitHealthy(t *testing.T, base string, deadline time.Duration) {
 func TestServeInProcess(t *testing.T) {
 	t.Parallel()
 	addr := freeAddr(t)
-	vars := map[string]string{"DATABASE_URL": dbtest.ConnString(t), "BERTH_ADDR": addr,
+	vars := map[string]string{"DATABASE_URL": dbtest.ConnString(t), "BERTH_ADDR": addr, "BERTH_DATA_DIR": t.TempDir(),
 		"BERTH_ADMIN_EMAIL": "root@example.com", "BERTH_ADMIN_PASSWORD": "a long admin password", "BERTH_LOG_LEVEL": "warn"}
 	ctx, cancel := context.WithCancel(context.Background())
 	var out, errb bytes.Buffer
@@ -257,17 +258,17 @@ func TestEmbeddedServerAndCLI(t *testing.T) {
 	base := "http://" + addr
 	vars := map[string]string{"BERTH_DATA_DIR": dataDir, "BERTH_ADDR": addr, "BERTH_LOG_LEVEL": "warn"}
 
-	startServer := func() (*exec.Cmd, *bytes.Buffer) {
+	startServer := func() (*exec.Cmd, *syncBuffer) {
 		cmd := berthProc(t, vars, "", "serve")
-		var out bytes.Buffer
-		cmd.Stdout = &out
-		cmd.Stderr = &out
+		out := &syncBuffer{}
+		cmd.Stdout = out
+		cmd.Stderr = out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		waitHealthy(t, base, 2*time.Minute)
-		return cmd, &out
+		return cmd, out
 	}
 	stopServer := func(cmd *exec.Cmd) {
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -333,6 +334,24 @@ func TestEmbeddedServerAndCLI(t *testing.T) {
 		t.Fatalf("after restart: /api/me = %d, want 200 (data kept)", code)
 	}
 	stopServer(srv)
+}
+
+// syncBuffer is a bytes.Buffer a child process writes to while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // postmasterPID reads postmaster.pid, or 0 when it is gone.

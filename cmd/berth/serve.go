@@ -85,7 +85,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	if c.Demo {
-		if err := seedDemo(ctx, d.Pool); err != nil {
+		if err := seedDemo(ctx, d.Pool, c.DataDir); err != nil {
 			return err
 		}
 	}
@@ -119,9 +119,6 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          nil,
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-
 	log.Info("berth serving", "addr", ln.Addr().String(), "workers", c.Workers, "startup_ms", time.Since(started).Milliseconds())
 	fmt.Fprintf(stdout, "\nBerth is running at %s\n", c.BaseURL)
 	if admin.created {
@@ -133,6 +130,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		}
 	}
 	fmt.Fprintln(stdout)
+
+	// Serve only after the banner: whoever sees /api/health answer has seen the login too.
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
 
 	select {
 	case err := <-errc:
