@@ -141,3 +141,117 @@ func TestBrowserSignInOut(t *testing.T) {
 		t.Fatalf("after sign-out the browser is at %s", loc)
 	}
 }
+
+// gitRepo makes a small repository with one commit on main, as a newcomer's project would be.
+func gitRepo(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := makeDemoRepo(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestBrowserNewcomerPath is the newcomer's first session, entirely in the browser: sign in as
+// the first admin, create a company, a local environment, a project with a git workspace and a
+// task, and read the task's effective plan with its trace.
+func TestBrowserNewcomerPath(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	base := serveForBrowser(t, nil)
+	repo := gitRepo(t)
+	signIn(t, ctx, base, "admin@example.com", "a long admin password")
+
+	step := func(name string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		stepCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := chromedp.Do(stepCtx, actions...); err != nil {
+			screenshot(t, ctx, "failed-"+name)
+			if html, herr := chromedp.Run(ctx, chromedp.OuterHTML(chromedp.CSS(`main`))); herr == nil {
+				t.Logf("page main:\n%s", html)
+			}
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return s
+	}
+
+	step("create company",
+		chromedp.WaitVisible(chromedp.CSS(`#create-company`)),
+		chromedp.SendKeys(chromedp.CSS(`#company-name`), "Acme Robotics"),
+		chromedp.SendKeys(chromedp.CSS(`#company-slug`), "acme"),
+		chromedp.Click(chromedp.CSS(`#create-company button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#new-project`)),
+	)
+	loc, _ := chromedp.Run(ctx, chromedp.Location())
+	companyURL := strings.TrimSuffix(loc, "/")
+	screenshot(t, ctx, "company-projects-empty")
+
+	step("create local environment",
+		chromedp.Navigate(companyURL+"/environments"),
+		chromedp.WaitVisible(chromedp.CSS(`#new-environment`)),
+		chromedp.SendKeys(chromedp.CSS(`#new-environment-name`), "local"),
+		chromedp.Click(chromedp.CSS(`#new-environment button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#environment-page`)),
+	)
+	screenshot(t, ctx, "environments")
+
+	step("create project",
+		chromedp.Navigate(companyURL),
+		chromedp.WaitVisible(chromedp.CSS(`#new-project`)),
+		chromedp.SendKeys(chromedp.CSS(`#project-name`), "Robot arm"),
+		chromedp.SendKeys(chromedp.CSS(`#project-key`), "ARM"),
+		chromedp.SetValue(chromedp.CSS(`#policy-mode`), "isolated"),
+		chromedp.Click(chromedp.CSS(`#new-project button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#new-workspace`)),
+	)
+	if envID, err := chromedp.Run(ctx, chromedp.Value(chromedp.CSS(`#policy-environment`))); err != nil || envID == "" {
+		t.Fatalf("the new project has no environment (%v); the only environment should have been preselected", err)
+	}
+
+	step("add git workspace",
+		chromedp.SendKeys(chromedp.CSS(`#ws-name`), "main"),
+		chromedp.SetValue(chromedp.CSS(`#ws-type`), "git"),
+		chromedp.SendKeys(chromedp.CSS(`#ws-source`), repo),
+		chromedp.SendKeys(chromedp.CSS(`#ws-ref`), "main"),
+		chromedp.Click(chromedp.CSS(`#new-workspace button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`a[href^="/project-workspaces/"]`)),
+	)
+	screenshot(t, ctx, "project")
+	projectURL, _ := chromedp.Run(ctx, chromedp.Location())
+
+	step("create task",
+		chromedp.Navigate(strings.TrimSuffix(projectURL, "/")+"/tasks"),
+		chromedp.WaitVisible(chromedp.CSS(`#new-task`)),
+		chromedp.SendKeys(chromedp.CSS(`#new-task-title`), "Calibrate the <gripper>"),
+		chromedp.SendKeys(chromedp.CSS(`#new-task-command`), "make calibrate"),
+		chromedp.Click(chromedp.CSS(`#new-task button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#plan`)),
+	)
+	screenshot(t, ctx, "task")
+
+	heading := text(`.page-header h1`)
+	if !strings.Contains(heading, "ARM-1") || !strings.Contains(heading, "Calibrate the <gripper>") {
+		t.Fatalf("task page heading = %q", heading)
+	}
+	plan := text(`#plan`)
+	for _, want := range []string{"isolated", "git_worktree", "berth/ARM-1", "project_default_mode", "environment", "strategy"} {
+		if !strings.Contains(plan, want) {
+			t.Errorf("plan panel lacks %q:\n%s", want, plan)
+		}
+	}
+	if strings.Contains(plan, "configuration_incomplete") {
+		t.Errorf("the plan is blocked:\n%s", plan)
+	}
+	steps, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSSAll(`#plan ol li`)))
+	if err != nil || len(steps) < 5 {
+		t.Fatalf("trace has %d lines (%v), want one per rule", len(steps), err)
+	}
+}
