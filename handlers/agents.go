@@ -178,11 +178,8 @@ func (s *Server) apiGetAgent(w http.ResponseWriter, r *http.Request, p *principa
 // agent's company; idempotent, 200 with the agent.
 func (s *Server) apiDisableAgent(w http.ResponseWriter, r *http.Request, p *principal) error {
 	id := r.PathValue("id")
-	a, err := s.objectAccess(r.Context(), p, "agents", id)
+	a, err := s.manageObject(r, p, "agents", id, "agent.disable", "agent")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "agent.disable", "agent", id); err != nil {
 		return err
 	}
 	if err := emptyJSONBody(w, r); err != nil {

@@ -100,3 +100,16 @@ func asValidation(err error) (map[string]string, bool) {
 	}
 	return nil, false
 }
+
+// manageObject authorizes a change to a company-owned row by id: a reader who may not manage
+// gets 403 (audited as action+".denied"); anyone else the same 404 as for a missing row.
+func (s *Server) manageObject(r *http.Request, p *principal, table, id, action, targetType string) (access, error) {
+	a, err := s.objectAccess(r.Context(), p, table, id)
+	if err != nil {
+		return access{}, err
+	}
+	if err := s.requireManage(r, a, action, targetType, id); err != nil {
+		return access{}, err
+	}
+	return a, nil
+}

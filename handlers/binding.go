@@ -226,11 +226,8 @@ func (s *Server) getBindingAPI(w http.ResponseWriter, r *http.Request, p *princi
 // putBindingAPI changes a task's workspace binding (board members): 200 with the new binding.
 func (s *Server) putBindingAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx, id := r.Context(), r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "tasks", id)
+	a, err := s.manageObject(r, p, "tasks", id, "task_binding.update", "task")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "task_binding.update", "task", id); err != nil {
 		return err
 	}
 	var in bindingRequest
@@ -309,11 +306,8 @@ func bindingFormError(err error, v *views.BindingView) (int, error) {
 // JavaScript a success redirects to the task page and a refusal re-renders the whole page.
 func (s *Server) bindingForm(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx, id := r.Context(), r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "tasks", id)
+	a, err := s.manageObject(r, p, "tasks", id, "task_binding.update", "task")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "task_binding.update", "task", id); err != nil {
 		return err
 	}
 	form, err := taskFormValues(w, r)

@@ -591,11 +591,8 @@ func (s *Server) apiListProjectWorkspaces(w http.ResponseWriter, r *http.Request
 func (s *Server) apiCreateProjectWorkspace(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "projects", id)
+	a, err := s.manageObject(r, p, "projects", id, "project_workspace.create", "project")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "project_workspace.create", "project", id); err != nil {
 		return err
 	}
 	var body projectWorkspaceCreateBody
@@ -638,11 +635,8 @@ func (s *Server) apiGetProjectWorkspace(w http.ResponseWriter, r *http.Request, 
 func (s *Server) apiPatchProjectWorkspace(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "project_workspaces", id)
+	a, err := s.manageObject(r, p, "project_workspaces", id, "project_workspace.update", "project_workspace")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "project_workspace.update", "project_workspace", id); err != nil {
 		return err
 	}
 	var body projectWorkspacePatchBody
@@ -670,11 +664,8 @@ func (s *Server) apiPatchProjectWorkspace(w http.ResponseWriter, r *http.Request
 func (s *Server) apiDeleteProjectWorkspace(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "project_workspaces", id)
+	a, err := s.manageObject(r, p, "project_workspaces", id, "project_workspace.delete", "project_workspace")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "project_workspace.delete", "project_workspace", id); err != nil {
 		return err
 	}
 	if _, err := s.deleteProjectWorkspace(ctx, r, a, id); err != nil {
@@ -729,11 +720,8 @@ func (s *Server) renderProjectWorkspaces(w http.ResponseWriter, r *http.Request,
 func (s *Server) createProjectWorkspaceForm(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "projects", id)
+	a, err := s.manageObject(r, p, "projects", id, "project_workspace.create", "project")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "project_workspace.create", "project", id); err != nil {
 		return err
 	}
 	if err := readProjectForm(w, r); err != nil {
@@ -766,11 +754,8 @@ func (s *Server) createProjectWorkspaceForm(w http.ResponseWriter, r *http.Reque
 func (s *Server) primaryProjectWorkspaceForm(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "project_workspaces", id)
+	a, err := s.manageObject(r, p, "project_workspaces", id, "project_workspace.update", "project_workspace")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "project_workspace.update", "project_workspace", id); err != nil {
 		return err
 	}
 	primary := true
@@ -851,11 +836,8 @@ func projectServicesText(list []db.ServiceDefinition) string {
 func (s *Server) updateProjectWorkspaceForm(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "project_workspaces", id)
+	a, err := s.manageObject(r, p, "project_workspaces", id, "project_workspace.update", "project_workspace")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "project_workspace.update", "project_workspace", id); err != nil {
 		return err
 	}
 	if err := readProjectForm(w, r); err != nil {
@@ -917,11 +899,8 @@ func parseProjectServicesText(text string) ([]serviceInput, error) {
 func (s *Server) deleteProjectWorkspaceForm(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "project_workspaces", id)
+	a, err := s.manageObject(r, p, "project_workspaces", id, "project_workspace.delete", "project_workspace")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "project_workspace.delete", "project_workspace", id); err != nil {
 		return err
 	}
 	pw, err := s.deleteProjectWorkspace(ctx, r, a, id)

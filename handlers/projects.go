@@ -495,11 +495,8 @@ func (s *Server) apiGetProject(w http.ResponseWriter, r *http.Request, p *princi
 func (s *Server) apiPatchProject(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "projects", id)
+	a, err := s.manageObject(r, p, "projects", id, "project.update", "project")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "project.update", "project", id); err != nil {
 		return err
 	}
 	var body projectPatchBody
@@ -699,11 +696,8 @@ func projectViewOf(p db.Project, envs []db.PolicyEnvironment) views.ProjectView 
 func (s *Server) updateProjectForm(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "projects", id)
+	a, err := s.manageObject(r, p, "projects", id, "project.update", "project")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "project.update", "project", id); err != nil {
 		return err
 	}
 	if err := readProjectForm(w, r); err != nil {

@@ -216,11 +216,8 @@ type taskCreateRequest struct {
 // createTaskAPI creates a task in a project (board members): 201 with the task.
 func (s *Server) createTaskAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx, projectID := r.Context(), r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "projects", projectID)
+	a, err := s.manageObject(r, p, "projects", projectID, "task.create", "project")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "task.create", "project", projectID); err != nil {
 		return err
 	}
 	var in taskCreateRequest
@@ -333,11 +330,8 @@ func (in taskPatchRequest) apply(f *db.TaskFields) {
 // patchTaskAPI changes the fields a board member names; status moves freely among the five.
 func (s *Server) patchTaskAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx, id := r.Context(), r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "tasks", id)
+	a, err := s.manageObject(r, p, "tasks", id, "task.update", "task")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "task.update", "task", id); err != nil {
 		return err
 	}
 	var in taskPatchRequest
@@ -670,11 +664,8 @@ func (s *Server) taskPage(w http.ResponseWriter, r *http.Request, p *principal) 
 // refused form is shown again with its values and messages (422).
 func (s *Server) updateTaskForm(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx, id := r.Context(), r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "tasks", id)
+	a, err := s.manageObject(r, p, "tasks", id, "task.update", "task")
 	if err != nil {
-		return err
-	}
-	if err := s.requireManage(r, a, "task.update", "task", id); err != nil {
 		return err
 	}
 	form, err := taskFormValues(w, r)
