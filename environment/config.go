@@ -602,7 +602,7 @@ type sandboxDoc struct {
 func (c Config) doc() any {
 	env := make([]envDoc, 0, len(c.Env))
 	for _, v := range c.Env {
-		env = append(env, envDoc{Name: v.Name, Value: v.Value, Secret: v.Secret})
+		env = append(env, envDoc(v))
 	}
 	switch c.Driver {
 	case DriverSSH:
@@ -674,7 +674,7 @@ func Load(driver string, doc []byte) (Config, error) {
 	}
 	c.Env = make([]EnvVar, 0, len(env))
 	for _, e := range env {
-		c.Env = append(c.Env, EnvVar{Name: e.Name, Value: e.Value, Secret: e.Secret})
+		c.Env = append(c.Env, EnvVar(e))
 	}
 	return c, nil
 }

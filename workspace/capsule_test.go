@@ -369,7 +369,7 @@ func TestManifestDigestUnambiguous(t *testing.T) {
 	if a.Digest() == b.Digest() {
 		t.Fatal("mode not in digest")
 	}
-	if a.Digest() != a.Digest() {
+	if d1, d2 := a.Digest(), a.Digest(); d1 != d2 {
 		t.Fatal("digest not stable")
 	}
 }

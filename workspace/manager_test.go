@@ -20,7 +20,7 @@ func TestValidRef(t *testing.T) {
 			t.Errorf("ValidRef(%q) = true", s)
 		}
 	}
-	if newRef() == newRef() {
+	if r1, r2 := newRef(), newRef(); r1 == r2 {
 		t.Fatal("two fresh refs are equal")
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -134,6 +133,3 @@ func envBool(getenv func(string) string, name string, def bool) (bool, error) {
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 }
-
-// isRoot reports whether the process runs as root (used only for messages).
-func isRoot() bool { return os.Geteuid() == 0 }
