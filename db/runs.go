@@ -1,0 +1,227 @@
+package db
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Run statuses. Queued, preparing and running are live; the rest are terminal.
+const (
+	RunQueued    = "queued"
+	RunPreparing = "preparing"
+	RunRunning   = "running"
+	RunSucceeded = "succeeded"
+	RunFailed    = "failed"
+	RunCancelled = "cancelled"
+	RunTimedOut  = "timed_out"
+)
+
+// LiveRunStatuses are the statuses of a run that has not ended.
+var LiveRunStatuses = []string{RunQueued, RunPreparing, RunRunning}
+
+// ErrRunState is returned when a run is not in a state that allows the transition asked for
+// (a retried job finding the run already moved on, a cancel after the end).
+var ErrRunState = errors.New("run is not in the expected state")
+
+// Run is one execution of a task's command.
+type Run struct {
+	ID                   string
+	CompanyID            string
+	TaskID               string
+	ExecutionWorkspaceID string
+	EnvironmentID        string
+	LeaseID              string
+	AgentID              string
+	CreatedBy            string
+	Status               string
+	ErrorCode            string
+	ErrorMessage         string
+	ExitCode             *int
+	Command              string
+	Plan                 []byte
+	TimeoutS             int
+	CancelRequested      bool
+	NodeID               string
+	LogBytes             int64
+	LogTruncated         bool
+	CreatedAt            time.Time
+	StartedAt            *time.Time
+	FinishedAt           *time.Time
+	HeartbeatAt          *time.Time
+}
+
+// Live reports whether the run has not ended.
+func (r Run) Live() bool {
+	return r.Status == RunQueued || r.Status == RunPreparing || r.Status == RunRunning
+}
+
+const runColumns = `id, company_id, coalesce(task_id::text, ''), coalesce(execution_workspace_id::text, ''),
+	coalesce(environment_id::text, ''), coalesce(lease_id::text, ''), coalesce(agent_id::text, ''),
+	coalesce(created_by::text, ''), status, error_code, error_message, exit_code, command, plan, timeout_s,
+	cancel_requested, node_id, log_bytes, log_truncated, created_at, started_at, finished_at, heartbeat_at`
+
+func scanRun(row pgx.Row) (Run, error) {
+	var r Run
+	err := row.Scan(&r.ID, &r.CompanyID, &r.TaskID, &r.ExecutionWorkspaceID, &r.EnvironmentID, &r.LeaseID,
+		&r.AgentID, &r.CreatedBy, &r.Status, &r.ErrorCode, &r.ErrorMessage, &r.ExitCode, &r.Command, &r.Plan,
+		&r.TimeoutS, &r.CancelRequested, &r.NodeID, &r.LogBytes, &r.LogTruncated, &r.CreatedAt, &r.StartedAt,
+		&r.FinishedAt, &r.HeartbeatAt)
+	return r, notFound(err)
+}
+
+// NewRun is what admitting a run records.
+type NewRun struct {
+	CompanyID     string
+	TaskID        string
+	EnvironmentID string
+	CreatedBy     string // user id, or "" for an agent
+	AgentID       string
+	Command       string
+	Plan          []byte // the effective plan (JSON) the run was admitted with
+	TimeoutS      int
+}
+
+// CreateRun records an admitted run as queued.
+func CreateRun(ctx context.Context, q Querier, n NewRun) (Run, error) {
+	plan := n.Plan
+	if len(plan) == 0 {
+		plan = []byte("{}")
+	}
+	r, err := scanRun(q.QueryRow(ctx, `INSERT INTO runs (company_id, task_id, environment_id, created_by, agent_id,
+			command, plan, timeout_s)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING `+runColumns,
+		n.CompanyID, n.TaskID, nullable(n.EnvironmentID), nullable(n.CreatedBy), nullable(n.AgentID), n.Command, plan, n.TimeoutS))
+	if err != nil {
+		return Run{}, fmt.Errorf("create run: %w", err)
+	}
+	return r, nil
+}
+
+// RunByID reads a run of a company.
+func RunByID(ctx context.Context, q Querier, companyID, id string) (Run, error) {
+	if !validUUID(id) {
+		return Run{}, ErrNotFound
+	}
+	return scanRun(q.QueryRow(ctx, `SELECT `+runColumns+` FROM runs WHERE company_id = $1 AND id = $2`, companyID, id))
+}
+
+// RunUpdate is what a transition writes besides the status; nil fields stay as they are.
+type RunUpdate struct {
+	ExecutionWorkspaceID *string
+	LeaseID              *string
+	ErrorCode            *string
+	ErrorMessage         *string
+	ExitCode             *int
+	NodeID               *string
+	Started              bool // set started_at = now()
+	Finished             bool // set finished_at = now()
+}
+
+// TransitionRun moves a run from one of the from statuses to to, with the fields of u, in one
+// conditional UPDATE. A run in another status is ErrRunState and is left unchanged.
+func TransitionRun(ctx context.Context, q Querier, id string, from []string, to string, u RunUpdate) (Run, error) {
+	r, err := scanRun(q.QueryRow(ctx, `UPDATE runs SET status = $3,
+			execution_workspace_id = coalesce($4::uuid, execution_workspace_id),
+			lease_id = coalesce($5::uuid, lease_id),
+			error_code = coalesce($6, error_code),
+			error_message = coalesce($7, error_message),
+			exit_code = coalesce($8, exit_code),
+			node_id = coalesce($9, node_id),
+			started_at = CASE WHEN $10 THEN coalesce(started_at, now()) ELSE started_at END,
+			finished_at = CASE WHEN $11 THEN coalesce(finished_at, now()) ELSE finished_at END,
+			heartbeat_at = now()
+		WHERE id = $1 AND status = ANY($2) RETURNING `+runColumns,
+		id, from, to, u.ExecutionWorkspaceID, u.LeaseID, u.ErrorCode, u.ErrorMessage, u.ExitCode, u.NodeID, u.Started, u.Finished))
+	if errors.Is(err, ErrNotFound) {
+		return Run{}, fmt.Errorf("run %s to %s: %w", id, to, ErrRunState)
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("run %s to %s: %w", id, to, err)
+	}
+	return r, nil
+}
+
+// RunForJob reads a run by id for a worker (jobs carry the run id they were enqueued with).
+func RunForJob(ctx context.Context, q Querier, id string) (Run, error) {
+	if !validUUID(id) {
+		return Run{}, ErrNotFound
+	}
+	return scanRun(q.QueryRow(ctx, `SELECT `+runColumns+` FROM runs WHERE id = $1`, id))
+}
+
+// SetRunLog stores the captured log (its first bytes, up to the cap) and the total size.
+func SetRunLog(ctx context.Context, q Querier, id string, log []byte, total int64, truncated bool) error {
+	if _, err := q.Exec(ctx, `UPDATE runs SET log = $2, log_bytes = $3, log_truncated = $4, heartbeat_at = now()
+		WHERE id = $1`, id, log, total, truncated); err != nil {
+		return fmt.Errorf("set run log: %w", err)
+	}
+	return nil
+}
+
+// RunLogAfter returns the stored log bytes after offset (for tailing) and the next offset.
+func RunLogAfter(ctx context.Context, q Querier, companyID, id string, offset int64) ([]byte, int64, error) {
+	if !validUUID(id) {
+		return nil, 0, ErrNotFound
+	}
+	var (
+		chunk []byte
+		size  int64
+	)
+	err := q.QueryRow(ctx, `SELECT substring(log FROM $3::int + 1), length(log) FROM runs WHERE company_id = $1 AND id = $2`,
+		companyID, id, offset).Scan(&chunk, &size)
+	if err != nil {
+		return nil, 0, notFound(err)
+	}
+	if offset > size {
+		return nil, size, nil
+	}
+	return chunk, size, nil
+}
+
+// RequestRunCancel marks a live run for cancellation; the executor notices and stops the command.
+// A run that already ended is ErrRunState.
+func RequestRunCancel(ctx context.Context, q Querier, companyID, id string) (Run, error) {
+	r, err := scanRun(q.QueryRow(ctx, `UPDATE runs SET cancel_requested = true
+		WHERE company_id = $1 AND id = $2 AND status = ANY($3) RETURNING `+runColumns, companyID, id, LiveRunStatuses))
+	if errors.Is(err, ErrNotFound) {
+		if _, err := RunByID(ctx, q, companyID, id); err != nil {
+			return Run{}, err
+		}
+		return Run{}, ErrRunState
+	}
+	return r, err
+}
+
+// TaskRuns lists a task's runs, newest first.
+func TaskRuns(ctx context.Context, q Querier, companyID, taskID string, limit int) ([]Run, error) {
+	rows, err := q.Query(ctx, `SELECT `+runColumns+` FROM runs WHERE company_id = $1 AND task_id = $2
+		ORDER BY created_at DESC, id DESC LIMIT $3`, companyID, taskID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("task runs: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Run, error) { return scanRun(r) })
+}
+
+// StaleRuns lists live runs whose executor has not written a heartbeat for longer than age
+// (database clock): the candidates for the orphan sweep.
+func StaleRuns(ctx context.Context, q Querier, age time.Duration, limit int) ([]Run, error) {
+	rows, err := q.Query(ctx, `SELECT `+runColumns+` FROM runs
+		WHERE status = ANY($1) AND coalesce(heartbeat_at, created_at) < now() - $2::interval
+		ORDER BY created_at LIMIT $3`, []string{RunPreparing, RunRunning}, age, limit)
+	if err != nil {
+		return nil, fmt.Errorf("stale runs: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Run, error) { return scanRun(r) })
+}
+
+// HeartbeatRun records that the run's executor is alive.
+func HeartbeatRun(ctx context.Context, q Querier, id string) error {
+	if _, err := q.Exec(ctx, `UPDATE runs SET heartbeat_at = now() WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("heartbeat run: %w", err)
+	}
+	return nil
+}
