@@ -96,6 +96,10 @@ type Secrets struct {
 	Salt       string            `json:"salt,omitempty"`
 }
 
+// SecretsAAD is the associated data an environment's sealed secrets are bound to, so a sealed blob
+// copied to another environment's row does not open.
+func SecretsAAD(environmentID string) string { return "environment:" + environmentID }
+
 // Empty reports whether there is no secret value to seal.
 func (s Secrets) Empty() bool { return s.PrivateKey == "" && len(s.Env) == 0 }
 

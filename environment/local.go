@@ -1,0 +1,472 @@
+package environment
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const (
+	// defaultPath is PATH for commands when Berth itself has none.
+	defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	// drainWait is how long Exec waits for the output pipe to close once every process it knows of
+	// is gone; after it, the read side is closed (a process that left both the group and the tag
+	// behind may still hold the pipe, and must not hold Exec).
+	drainWait = 2 * time.Second
+	// probeTimeout bounds the probe's test command.
+	probeTimeout = 10 * time.Second
+)
+
+// local runs commands on this host as Berth's own user, each in a session and process group of its
+// own, with a cleared environment. It has one instance, this node; realizing and syncing are
+// nothing to do because package workspace already put the workspace on this host's disk.
+type local struct {
+	env       map[string]string // the environment's configured variables, secret values resolved
+	grace     time.Duration
+	home      string // "" = the command's Dir
+	path      string
+	probeDir  string
+	ref       string // the instance ref: "local:" + node id
+	drainWait time.Duration
+}
+
+func newLocal(cfg Config, opts Options) (*local, error) {
+	env := make(map[string]string, len(cfg.Env))
+	for _, v := range cfg.Env {
+		if msg := envNameProblem(v.Name); msg != "" {
+			return nil, fmt.Errorf("new local driver: variable %s: %w", msg, ErrInvalidRequest)
+		}
+		value := v.Value
+		if v.Secret {
+			s, ok := opts.Secrets.Env[v.Name]
+			if !ok {
+				return nil, fmt.Errorf("new local driver: secret variable %s has no value: %w", v.Name, ErrInvalidRequest)
+			}
+			value = s
+		}
+		env[v.Name] = value
+	}
+	d := &local{env: env, grace: opts.Grace, home: opts.Home, path: opts.Path, probeDir: opts.ProbeDir,
+		drainWait: drainWait}
+	if d.grace <= 0 {
+		d.grace = DefaultGrace
+	}
+	if d.home != "" && !filepath.IsAbs(d.home) {
+		return nil, fmt.Errorf("new local driver: home must be an absolute path: %w", ErrInvalidRequest)
+	}
+	if d.path == "" {
+		d.path = absolutePath(os.Getenv("PATH"))
+	}
+	if d.path == "" {
+		d.path = defaultPath
+	}
+	if d.probeDir == "" {
+		d.probeDir = os.TempDir()
+	}
+	node := opts.NodeID
+	if node == "" {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			node = h
+		} else {
+			node = "localhost"
+		}
+	}
+	d.ref = "local:" + node
+	return d, nil
+}
+
+// absolutePath keeps the absolute entries of a PATH list: a relative one ("", ".") would let a
+// workspace's own files shadow system commands.
+func absolutePath(list string) string {
+	var keep []string
+	for _, dir := range filepath.SplitList(list) {
+		if filepath.IsAbs(dir) {
+			keep = append(keep, dir)
+		}
+	}
+	return strings.Join(keep, string(filepath.ListSeparator))
+}
+
+// Acquire returns this node: the local driver has exactly one instance, shared by every run.
+func (d *local) Acquire(ctx context.Context, _ AcquireRequest) (Instance, error) {
+	if err := ctx.Err(); err != nil {
+		return Instance{}, fmt.Errorf("acquire: %w", err)
+	}
+	return Instance{Driver: DriverLocal, Ref: d.ref}, nil
+}
+
+// Realize checks that the workspace is a real directory on this node and runs commands right there.
+func (d *local) Realize(ctx context.Context, req RealizeRequest) (Realization, error) {
+	if err := ctx.Err(); err != nil {
+		return Realization{}, fmt.Errorf("realize: %w", err)
+	}
+	if err := d.ownInstance(req.Instance); err != nil {
+		return Realization{}, fmt.Errorf("realize: %w", err)
+	}
+	p := req.HostPath
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return Realization{}, fmt.Errorf("realize: host path must be absolute and clean: %w", ErrInvalidRequest)
+	}
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return Realization{}, fmt.Errorf("realize: host path: %s: %w", errnoText(err), ErrInvalidRequest)
+	}
+	if !fi.IsDir() {
+		return Realization{}, fmt.Errorf("realize: host path is not a directory (or is a symlink): %w", ErrInvalidRequest)
+	}
+	return Realization{Root: p}, nil
+}
+
+// Sync has nothing to copy: commands wrote to the host path itself.
+func (d *local) Sync(ctx context.Context, req SyncRequest) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
+	if err := d.ownInstance(req.Instance); err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
+	return nil
+}
+
+// Release has nothing to give back; Exec already stopped every process it started. Any local
+// instance is accepted, so cleanup never loops on an instance of a node that went away.
+func (d *local) Release(ctx context.Context, inst Instance) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	if inst.Driver != DriverLocal {
+		return fmt.Errorf("release: a %q instance is not local: %w", inst.Driver, ErrInvalidRequest)
+	}
+	return nil
+}
+
+// ownInstance refuses an instance of another driver or another node, whose workspace is not on
+// this host's disk.
+func (d *local) ownInstance(inst Instance) error {
+	if inst.Driver != DriverLocal || inst.Ref != d.ref {
+		return fmt.Errorf("instance %s %q is not this node's (%s): %w", inst.Driver, inst.Ref, d.ref, ErrInvalidRequest)
+	}
+	return nil
+}
+
+// Exec runs /bin/sh -c Command in a new session (hence its own process group, with no controlling
+// terminal and no way to join Berth's process groups), stdin /dev/null, stdout and stderr on one
+// pipe to Log. When the command ends, times out or ctx ends, what is left of its group and every
+// process tagged with its Tag gets SIGTERM, then SIGKILL after the grace; Exec returns once they
+// are gone and the output is drained (at most drainWait more if an untagged process outside the
+// group still holds the pipe). Cleanup runs even after ctx has ended.
+func (d *local) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
+	res := ExecResult{ExitCode: -1}
+	env, err := d.environ(req)
+	if err != nil {
+		return res, fmt.Errorf("exec: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("exec: %w", err)
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return res, fmt.Errorf("exec: %w", err)
+	}
+	defer pr.Close()
+	cmd := &exec.Cmd{
+		Path:   "/bin/sh",
+		Args:   []string{"sh", "-c", req.Command},
+		Dir:    req.Dir,
+		Env:    env,
+		Stdout: pw, // an *os.File: the child gets the fd itself, Wait copies nothing
+		Stderr: pw,
+		// Setsid gives a new session and process group (pgid = pid). Pdeathsig only takes the
+		// leader down with Berth; the rest is for the orphan sweep, by tag. (Linux sends it when
+		// the forking thread ends, so Berth must not end threads: no LockOSThread without Unlock.)
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL},
+	}
+	started := time.Now()
+	err = cmd.Start()
+	pw.Close()
+	if err != nil {
+		return res, fmt.Errorf("exec: start: %w", err)
+	}
+	res.Started, res.PID = started, cmd.Process.Pid
+	copied := make(chan error, 1)
+	go func() { copied <- drain(pr, req.Log) }()
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	if req.OnStart != nil {
+		req.OnStart(res.PID)
+	}
+
+	var timeout <-chan time.Time
+	if req.Timeout > 0 {
+		t := time.NewTimer(req.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var waitErr error
+	exited := false
+	select {
+	case waitErr = <-waited:
+		exited = true
+	case <-ctx.Done():
+		res.Cancelled = true
+	case <-timeout:
+		res.TimedOut = true
+	}
+	if !exited { // an exit that raced the deadline still counts as an exit
+		select {
+		case waitErr = <-waited:
+			exited, res.Cancelled, res.TimedOut = true, false, false
+		default:
+		}
+	}
+
+	// Background processes do not outlive their command, whatever the way it ended.
+	_, stopErr := stopProcesses(context.WithoutCancel(ctx), res.PID, req.Tag, d.grace)
+	if !exited {
+		wait := killWait
+		if stopErr != nil {
+			wait = time.Second
+		}
+		select {
+		case waitErr = <-waited:
+			exited = true
+		case <-time.After(wait):
+		}
+	}
+	var logErr error
+	select {
+	case logErr = <-copied:
+	case <-time.After(d.drainWait):
+		pr.Close() // unblocks drain's Read
+		logErr = <-copied
+	}
+	res.Finished = time.Now()
+
+	if exited {
+		stopErr = errors.Join(stopErr, setExitStatus(&res, waitErr))
+	}
+	if err := errors.Join(stopErr, logErr); err != nil {
+		return res, fmt.Errorf("exec: %w", err)
+	}
+	return res, nil
+}
+
+// setExitStatus fills the exit code from cmd.Wait's error, as a shell reports it (128 plus the
+// signal number when a signal ended the leader); an error that is not an exit status is returned.
+func setExitStatus(res *ExecResult, waitErr error) error {
+	var ee *exec.ExitError
+	switch {
+	case waitErr == nil:
+		res.ExitCode = 0
+	case errors.As(waitErr, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			res.Signaled, res.ExitCode = true, 128+int(ws.Signal())
+		} else {
+			res.ExitCode = ee.ExitCode()
+		}
+	default:
+		return waitErr
+	}
+	return nil
+}
+
+// drain copies the command's output to w until every writer is gone or r is closed. After a write
+// error it keeps reading and discards, so the command never blocks on a full pipe.
+func drain(r io.Reader, w io.Writer) error {
+	if w == nil {
+		w = io.Discard
+	}
+	buf := make([]byte, 32<<10)
+	var werr error
+	for {
+		n, err := r.Read(buf)
+		if n > 0 && werr == nil {
+			if _, e := w.Write(buf[:n]); e != nil {
+				werr = fmt.Errorf("log: %w", e)
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, os.ErrClosed) {
+				return werr
+			}
+			return errors.Join(werr, fmt.Errorf("read output: %w", err))
+		}
+	}
+}
+
+// environ checks req and builds the command's whole environment: the base, the environment's
+// variables, req.Env, and the tag (first, so it is cheap to find).
+func (d *local) environ(req ExecRequest) ([]string, error) {
+	if strings.TrimSpace(req.Command) == "" || strings.ContainsRune(req.Command, 0) {
+		return nil, fmt.Errorf("command must be non-empty without NUL: %w", ErrInvalidRequest)
+	}
+	if !filepath.IsAbs(req.Dir) {
+		return nil, fmt.Errorf("dir must be an absolute path: %w", ErrInvalidRequest)
+	}
+	if fi, err := os.Stat(req.Dir); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("dir is not an existing directory: %w", ErrInvalidRequest)
+	}
+	if err := checkTag(req.Tag); err != nil {
+		return nil, err
+	}
+	if req.Timeout < 0 {
+		return nil, fmt.Errorf("timeout must not be negative: %w", ErrInvalidRequest)
+	}
+	home := d.home
+	if home == "" {
+		home = req.Dir
+	}
+	vars := map[string]string{"PATH": d.path, "HOME": home, "LANG": "C.UTF-8", "TERM": "dumb"}
+	maps.Copy(vars, d.env)
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, fmt.Errorf("env %q: names need no '=' or NUL, values no NUL: %w", k, ErrInvalidRequest)
+		}
+		if k == TagVar && v != req.Tag {
+			return nil, fmt.Errorf("env %s differs from the tag: %w", TagVar, ErrInvalidRequest)
+		}
+		vars[k] = v
+	}
+	delete(vars, TagVar)
+	out := []string{TagVar + "=" + req.Tag}
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
+		out = append(out, k+"="+vars[k])
+	}
+	return out, nil
+}
+
+// Probe checks that /bin/sh runs a command with Berth's environment handling, and that a file can
+// be created and removed in the probe directory; it also reports the operating system and whether
+// bubblewrap is installed, for information.
+func (d *local) Probe(ctx context.Context) (ProbeResult, error) {
+	if err := ctx.Err(); err != nil {
+		return ProbeResult{}, fmt.Errorf("probe: %w", err)
+	}
+	osCheck, bwrap := probeOS(), d.probeBubblewrap()
+	checks := []Check{d.probeShell(ctx), probeScratch(d.probeDir), osCheck, bwrap}
+	if err := ctx.Err(); err != nil {
+		return ProbeResult{}, fmt.Errorf("probe: %w", err)
+	}
+	r := ProbeResult{OK: true, Checks: checks}
+	var failed []string
+	for _, c := range checks {
+		if c.Status == CheckFail {
+			r.OK = false
+			failed = append(failed, c.Name+": "+c.Detail)
+		}
+	}
+	if r.OK {
+		r.Summary = "Local commands run on this host (" + osCheck.Detail + "); bubblewrap " + bwrap.Detail + "."
+	} else {
+		r.Summary = "Local probe failed: " + strings.Join(failed, "; ") + "."
+	}
+	return r, nil
+}
+
+func (d *local) probeShell(ctx context.Context) Check {
+	c := Check{Name: "shell", Status: CheckFail}
+	fi, err := os.Stat("/bin/sh")
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		c.Detail = "/bin/sh is missing or not executable"
+		return c
+	}
+	var out bytes.Buffer
+	res, err := d.Exec(ctx, ExecRequest{Command: "echo berth-probe", Dir: "/", Timeout: probeTimeout, Log: &out,
+		Tag: "probe-" + randomHex(8)})
+	switch {
+	case err != nil:
+		c.Detail = "running /bin/sh failed: " + err.Error()
+	case res.TimedOut || res.ExitCode != 0 || out.String() != "berth-probe\n":
+		c.Detail = fmt.Sprintf("/bin/sh -c did not run a test command (exit %d)", res.ExitCode)
+	default:
+		c.Status, c.Detail = CheckPass, "/bin/sh runs commands"
+	}
+	return c
+}
+
+// probeScratch creates, writes and removes a file in dir. Details never name the directory.
+func probeScratch(dir string) Check {
+	c := Check{Name: "scratch_dir", Status: CheckFail}
+	f, err := os.CreateTemp(dir, ".berth-probe-*")
+	if err != nil {
+		c.Detail = "cannot create a file in the probe directory: " + errnoText(err)
+		return c
+	}
+	name := f.Name()
+	_, werr := f.Write([]byte("berth probe\n"))
+	cerr := f.Close()
+	rerr := os.Remove(name)
+	switch {
+	case werr != nil || cerr != nil:
+		c.Detail = "cannot write a file in the probe directory: " + errnoText(errors.Join(werr, cerr))
+	case rerr != nil:
+		c.Detail = "cannot remove a file in the probe directory: " + errnoText(rerr)
+	default:
+		c.Status, c.Detail = CheckPass, "can create and remove files in the probe directory"
+	}
+	return c
+}
+
+// errnoText is an error without the path an *os.PathError carries.
+func errnoText(err error) string {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// probeOS names the kernel, the architecture and, when /etc/os-release says, the distribution.
+func probeOS() Check {
+	desc := "unknown kernel"
+	typ, err1 := os.ReadFile("/proc/sys/kernel/ostype")
+	rel, err2 := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err1 == nil && err2 == nil {
+		desc = strings.TrimSpace(string(typ)) + " " + strings.TrimSpace(string(rel))
+	}
+	desc += " " + runtime.GOARCH
+	if b, err := os.ReadFile("/etc/os-release"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "PRETTY_NAME="); ok {
+				if name := strings.Trim(v, `"'`); name != "" {
+					desc += ", " + name
+				}
+			}
+		}
+	}
+	return Check{Name: "os", Status: CheckInfo, Detail: desc}
+}
+
+// probeBubblewrap reports whether bwrap is on the commands' PATH; only sandbox environments need it.
+func (d *local) probeBubblewrap() Check {
+	c := Check{Name: "bubblewrap", Status: CheckInfo, Detail: "not installed"}
+	for _, dir := range filepath.SplitList(d.path) {
+		if !filepath.IsAbs(dir) {
+			continue
+		}
+		if fi, err := os.Stat(filepath.Join(dir, "bwrap")); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+			c.Detail = "installed"
+			break
+		}
+	}
+	return c
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
+}
