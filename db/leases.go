@@ -1,0 +1,514 @@
+package db
+
+// Environment leases: which run holds which environment instance for which execution workspace,
+// until when, and under which generation (the fencing token).
+//
+// State machine (status, then cleanup_status):
+//
+//	AcquireLease ─────────────▶ active (generation 1, cleanup none)
+//	AcquireLease (same run)     live ─▶ same status, generation + 1, fresh expires_at (takeover)
+//	HeartbeatLease              live ─▶ same status, expires_at = now() + ttl
+//	ReleaseLease  (holder)      live ─▶ released, cleanup pending         generation kept
+//	FailLease     (holder)      live ─▶ failed,   cleanup pending         generation kept
+//	ExpireLeases  (sweeper)     live past expires_at ─▶ expired, pending  generation + 1
+//	ForceReleaseLease (admin)   live ─▶ released, cleanup pending         generation + 1
+//	MarkLeaseCleanup            ended, cleanup pending|failed ─▶ succeeded | failed, attempts + 1
+//	RetryLeaseCleanup (admin)   ended, cleanup failed ─▶ pending
+//	DeleteLease                 ended, cleanup succeeded ─▶ row gone
+//
+// Live means acquiring, active or releasing: the statuses covered by the partial unique index
+// environment_leases_one_live, so PostgreSQL itself refuses a second live lease for one
+// (environment, execution workspace). This store creates leases active; acquiring and releasing
+// are left to drivers that provision or tear down in two steps, and are treated like active.
+// Ended means released, expired or failed; an ended lease never becomes live again.
+//
+// Fencing: every write after AcquireLease names the lease id and the generation its writer holds,
+// and is one conditional UPDATE (or DELETE) on both plus the statuses the transition starts from.
+// A writer that lost the lease (expired by the sweeper, force released, already ended) matches no
+// row and gets ErrFenced; the row is left as it was and a lease.fenced audit event is recorded.
+// Transitions that take a lease away from its holder bump the generation, so the old holder's
+// later writes fail; the cleanup job then works with the generation the transition returned.
+// Every time is the database clock's now(), never the application's.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Lease statuses.
+const (
+	LeaseAcquiring = "acquiring"
+	LeaseActive    = "active"
+	LeaseReleasing = "releasing"
+	LeaseReleased  = "released"
+	LeaseExpired   = "expired"
+	LeaseFailed    = "failed"
+)
+
+// Lease cleanup statuses: what became of the environment instance after the lease ended.
+const (
+	LeaseCleanupNone      = "none"
+	LeaseCleanupPending   = "pending"
+	LeaseCleanupSucceeded = "succeeded"
+	LeaseCleanupFailed    = "failed"
+)
+
+// LiveLeaseStatuses are the statuses in which a lease holds its environment for its workspace.
+var LiveLeaseStatuses = []string{LeaseAcquiring, LeaseActive, LeaseReleasing}
+
+// ErrFenced is returned to a stale holder: the generation it presented is no longer the lease's,
+// or the lease is no longer in a status the write may start from (or is gone). The write changed
+// nothing; a lease.fenced audit event was recorded through the same Querier, so inside a
+// transaction the event commits or rolls back with it. The holder must stop using the environment.
+var ErrFenced = errors.New("lease fenced: stale generation or lease no longer in the expected state")
+
+// ErrLeaseBusy is returned by AcquireLease when another run's live lease (or one without a run)
+// holds the environment for the workspace; nothing was written.
+var ErrLeaseBusy = errors.New("lease busy: another live lease holds the environment for this workspace")
+
+// ErrLeaseUnavailable is returned by AcquireLease when the environment is archived or the execution
+// workspace is closing or closed: nothing may be leased on them.
+var ErrLeaseUnavailable = errors.New("lease unavailable: environment archived or workspace closing or closed")
+
+// ErrLeaseState is returned by the administrator's actions (force release, retry cleanup) when the
+// lease is not in a status the action applies to; nothing was written.
+var ErrLeaseState = errors.New("lease is not in the expected state")
+
+// Lease is one row of environment_leases. Ids of deleted parents read as "", unset times as nil.
+type Lease struct {
+	ID                   string
+	CompanyID            string
+	EnvironmentID        string
+	ExecutionWorkspaceID string
+	TaskID               string
+	RunID                string
+	Status               string
+	Generation           int64
+	ProviderRef          string
+	AcquiredAt           *time.Time
+	HeartbeatAt          *time.Time
+	ExpiresAt            *time.Time
+	// ReleasedAt is when the lease stopped holding the environment: released, expired or failed.
+	ReleasedAt      *time.Time
+	CleanupStatus   string
+	CleanupAttempts int
+	// FailureReason is why the lease ended (the release or failure reason, "expired", a force
+	// release), replaced by the cleanup error when a cleanup attempt fails.
+	FailureReason string
+	CreatedAt     time.Time
+	// ReadAt is the database clock when the row was read, so ages need no application clock.
+	ReadAt time.Time
+}
+
+// Live reports whether the lease still holds its environment for its workspace.
+func (l Lease) Live() bool {
+	return l.Status == LeaseAcquiring || l.Status == LeaseActive || l.Status == LeaseReleasing
+}
+
+// HeartbeatAge is how long before ReadAt the last heartbeat was written, on the database clock
+// (zero when there was none).
+func (l Lease) HeartbeatAge() time.Duration {
+	if l.HeartbeatAt == nil {
+		return 0
+	}
+	return l.ReadAt.Sub(*l.HeartbeatAt)
+}
+
+// Cursor is the position after this lease in a ListLeases page.
+func (l Lease) Cursor() LeaseCursor { return LeaseCursor{CreatedAt: l.CreatedAt, ID: l.ID} }
+
+// leaseColumns are the columns scanLease reads, in its order, on a row aliased l.
+const leaseColumns = `l.id, l.company_id, coalesce(l.environment_id::text, ''),
+	coalesce(l.execution_workspace_id::text, ''), coalesce(l.task_id::text, ''), coalesce(l.run_id::text, ''),
+	l.status, l.generation, l.provider_ref, l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at,
+	l.cleanup_status, l.cleanup_attempts, l.failure_reason, l.created_at, now()`
+
+func scanLease(row pgx.Row) (Lease, error) {
+	var l Lease
+	err := row.Scan(&l.ID, &l.CompanyID, &l.EnvironmentID, &l.ExecutionWorkspaceID, &l.TaskID, &l.RunID,
+		&l.Status, &l.Generation, &l.ProviderRef, &l.AcquiredAt, &l.HeartbeatAt, &l.ExpiresAt, &l.ReleasedAt,
+		&l.CleanupStatus, &l.CleanupAttempts, &l.FailureReason, &l.CreatedAt, &l.ReadAt)
+	return l, notFound(err)
+}
+
+func collectLeases(rows pgx.Rows) ([]Lease, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Lease, error) { return scanLease(r) })
+}
+
+// LeaseRequest is what AcquireLease needs. TaskID and RunID may be empty; RunID makes the
+// acquisition idempotent for that run.
+type LeaseRequest struct {
+	CompanyID            string
+	EnvironmentID        string
+	ExecutionWorkspaceID string
+	TaskID               string
+	RunID                string
+	// TTL is how long the lease lives without a heartbeat, from the database's now().
+	TTL time.Duration
+}
+
+// acquireAttempts bounds how often AcquireLease starts over when the live lease that blocked its
+// insert ended, or changed hands, before it could be read or adopted.
+const acquireAttempts = 3
+
+// AcquireLease grants a new active lease (generation 1, expiring TTL from now on the database
+// clock) on an active environment for a workspace of the same company that is not closing or
+// closed. It is one conditional INSERT against the one-live-lease index, so two acquirers never
+// both win: the loser gets ErrLeaseBusy and nothing is written. When the live lease already
+// belongs to req.RunID, the caller takes it over instead: same lease, generation + 1 and a fresh
+// expiry, so a retried job adopts what its first attempt acquired and that attempt, if it is still
+// running somewhere, is fenced out. To read a lease without taking it, use LeaseByID. An unknown or
+// foreign environment or workspace is ErrNotFound; an archived environment or a closing or closed
+// workspace is ErrLeaseUnavailable. The environment and workspace rows are share-locked for the
+// insert, so archiving or closing them (which lock them for update and then count live leases)
+// cannot interleave with it.
+func AcquireLease(ctx context.Context, q Querier, req LeaseRequest) (Lease, error) {
+	for _, id := range []string{req.CompanyID, req.EnvironmentID, req.ExecutionWorkspaceID} {
+		if !validUUID(id) {
+			return Lease{}, fmt.Errorf("acquire lease: %w", ErrInvalidID)
+		}
+	}
+	for _, id := range []string{req.TaskID, req.RunID} {
+		if id != "" && !validUUID(id) {
+			return Lease{}, fmt.Errorf("acquire lease: %w", ErrInvalidID)
+		}
+	}
+	if req.TTL <= 0 {
+		return Lease{}, fmt.Errorf("acquire lease: ttl %v is not positive", req.TTL)
+	}
+	for range acquireAttempts {
+		l, err := scanLease(q.QueryRow(ctx, `INSERT INTO environment_leases AS l
+				(company_id, environment_id, execution_workspace_id, task_id, run_id, status, generation,
+				 acquired_at, heartbeat_at, expires_at)
+			SELECT e.company_id, e.id, w.id, $4::uuid, $5::uuid, 'active', 1, now(), now(), now() + $6::interval
+			FROM environments e, execution_workspaces w
+			WHERE e.company_id = $1 AND e.id = $2 AND e.status = 'active'
+				AND w.company_id = $1 AND w.id = $3 AND w.status NOT IN ('closing', 'closed')
+			FOR SHARE OF e, w
+			ON CONFLICT (environment_id, execution_workspace_id) WHERE status IN ('acquiring', 'active', 'releasing')
+			DO NOTHING
+			RETURNING `+leaseColumns,
+			req.CompanyID, req.EnvironmentID, req.ExecutionWorkspaceID, nullable(req.TaskID), nullable(req.RunID), req.TTL))
+		if err == nil {
+			return l, nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return Lease{}, fmt.Errorf("acquire lease: %w", err)
+		}
+		// Nothing inserted: a live lease holds the slot, or the targets refuse a lease.
+		held, err := scanLease(q.QueryRow(ctx, `SELECT `+leaseColumns+` FROM environment_leases l
+			WHERE l.environment_id = $1 AND l.execution_workspace_id = $2
+				AND l.status IN ('acquiring', 'active', 'releasing')`, req.EnvironmentID, req.ExecutionWorkspaceID))
+		if err == nil {
+			if req.RunID == "" || held.RunID != req.RunID || held.CompanyID != req.CompanyID {
+				return Lease{}, fmt.Errorf("acquire lease: %w", ErrLeaseBusy)
+			}
+			l, err := scanLease(q.QueryRow(ctx, `UPDATE environment_leases AS l
+				SET generation = l.generation + 1, heartbeat_at = now(), expires_at = now() + $3::interval
+				WHERE l.id = $1 AND l.generation = $2 AND l.status IN ('acquiring', 'active', 'releasing')
+				RETURNING `+leaseColumns, held.ID, held.Generation, req.TTL))
+			if err == nil {
+				return l, nil
+			}
+			if !errors.Is(err, ErrNotFound) {
+				return Lease{}, fmt.Errorf("acquire lease: adopt %s: %w", held.ID, err)
+			}
+			continue // it ended or was adopted meanwhile: look again
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return Lease{}, fmt.Errorf("acquire lease: %w", err)
+		}
+		if err := leaseTargetsUsable(ctx, q, req); err != nil {
+			return Lease{}, fmt.Errorf("acquire lease: %w", err)
+		}
+		// The blocking lease ended between the insert and the look-up: try again.
+	}
+	return Lease{}, fmt.Errorf("acquire lease: %w", ErrLeaseBusy)
+}
+
+// leaseTargetsUsable explains why a lease on req's environment and workspace was not inserted when
+// no live lease holds them: ErrNotFound, ErrLeaseUnavailable, or nil when nothing stands in the way.
+func leaseTargetsUsable(ctx context.Context, q Querier, req LeaseRequest) error {
+	var envStatus, wsStatus *string
+	err := q.QueryRow(ctx, `SELECT
+			(SELECT status FROM environments WHERE company_id = $1 AND id = $2),
+			(SELECT status FROM execution_workspaces WHERE company_id = $1 AND id = $3)`,
+		req.CompanyID, req.EnvironmentID, req.ExecutionWorkspaceID).Scan(&envStatus, &wsStatus)
+	switch {
+	case err != nil:
+		return err
+	case envStatus == nil || wsStatus == nil:
+		return ErrNotFound
+	case *envStatus != EnvironmentActive || *wsStatus == "closing" || *wsStatus == "closed":
+		return ErrLeaseUnavailable
+	}
+	return nil
+}
+
+// HeartbeatLease extends a live lease the caller holds at generation gen to expire ttl from now
+// (database clock) and returns it; a lost lease is ErrFenced. A lease past expires_at that the
+// sweeper has not yet expired is still the holder's (no one else can hold it and no cleanup has
+// started), so a late heartbeat keeps it.
+func HeartbeatLease(ctx context.Context, q Querier, id string, gen int64, ttl time.Duration) (Lease, error) {
+	if ttl <= 0 {
+		return Lease{}, fmt.Errorf("heartbeat lease %s: ttl %v is not positive", id, ttl)
+	}
+	return fencedWrite(ctx, q, "heartbeat", id, gen, `UPDATE environment_leases AS l
+		SET heartbeat_at = now(), expires_at = now() + $3::interval
+		WHERE l.id = $1 AND l.generation = $2 AND l.status IN ('acquiring', 'active', 'releasing')
+		RETURNING `+leaseColumns, ttl)
+}
+
+// ReleaseLease ends a live lease the caller holds at generation gen: released, with the reason
+// and a pending cleanup at the same generation (enqueue the cleanup job in the same transaction).
+// A lost or already ended lease is ErrFenced.
+func ReleaseLease(ctx context.Context, q Querier, id string, gen int64, reason string) (Lease, error) {
+	return fencedWrite(ctx, q, "release", id, gen, `UPDATE environment_leases AS l
+		SET status = 'released', released_at = now(), cleanup_status = 'pending', failure_reason = $3
+		WHERE l.id = $1 AND l.generation = $2 AND l.status IN ('acquiring', 'active', 'releasing')
+		RETURNING `+leaseColumns, reason)
+}
+
+// FailLease ends a live lease the caller holds at generation gen as failed (the environment could
+// not be provisioned or was lost), with the reason and a pending cleanup. A lost or already ended
+// lease is ErrFenced.
+func FailLease(ctx context.Context, q Querier, id string, gen int64, reason string) (Lease, error) {
+	return fencedWrite(ctx, q, "fail", id, gen, `UPDATE environment_leases AS l
+		SET status = 'failed', released_at = now(), cleanup_status = 'pending', failure_reason = $3
+		WHERE l.id = $1 AND l.generation = $2 AND l.status IN ('acquiring', 'active', 'releasing')
+		RETURNING `+leaseColumns, reason)
+}
+
+// SetLeaseProviderRef records which provider instance (sandbox, remote directory…) a live lease at
+// generation gen occupies, so cleanup can find it after a crash. A lost lease is ErrFenced.
+func SetLeaseProviderRef(ctx context.Context, q Querier, id string, gen int64, ref string) (Lease, error) {
+	return fencedWrite(ctx, q, "set provider ref", id, gen, `UPDATE environment_leases AS l
+		SET provider_ref = $3
+		WHERE l.id = $1 AND l.generation = $2 AND l.status IN ('acquiring', 'active', 'releasing')
+		RETURNING `+leaseColumns, ref)
+}
+
+// MarkLeaseCleanup records one cleanup attempt of an ended lease at generation gen: succeeded, or
+// failed with the reason (kept in FailureReason); attempts + 1 either way. It applies while cleanup
+// is pending or failed (a retried job may mark again after a failure); a live lease, a finished
+// cleanup or a stale generation is ErrFenced.
+func MarkLeaseCleanup(ctx context.Context, q Querier, id string, gen int64, ok bool, reason string) (Lease, error) {
+	return fencedWrite(ctx, q, "mark cleanup", id, gen, `UPDATE environment_leases AS l
+		SET cleanup_status = CASE WHEN $3 THEN 'succeeded' ELSE 'failed' END,
+			cleanup_attempts = l.cleanup_attempts + 1,
+			failure_reason = CASE WHEN $3 THEN l.failure_reason ELSE $4 END
+		WHERE l.id = $1 AND l.generation = $2 AND l.status IN ('released', 'expired', 'failed')
+			AND l.cleanup_status IN ('pending', 'failed')
+		RETURNING `+leaseColumns, ok, reason)
+}
+
+// DeleteLease removes an ended lease whose cleanup succeeded, at generation gen. A live lease, a
+// lease whose instance may still exist (cleanup pending or failed) or a stale generation is
+// ErrFenced and stays.
+func DeleteLease(ctx context.Context, q Querier, id string, gen int64) error {
+	if !validUUID(id) {
+		return fmt.Errorf("delete lease %s: %w", id, ErrNotFound)
+	}
+	tag, err := q.Exec(ctx, `DELETE FROM environment_leases
+		WHERE id = $1 AND generation = $2 AND status IN ('released', 'expired', 'failed')
+			AND cleanup_status = 'succeeded'`, id, gen)
+	if err != nil {
+		return fmt.Errorf("delete lease %s: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fenced(ctx, q, "delete", id, gen)
+	}
+	return nil
+}
+
+// fencedWrite runs one conditional UPDATE … RETURNING on (id, generation) with args after them and
+// turns "no row" into ErrFenced plus its audit event.
+func fencedWrite(ctx context.Context, q Querier, op, id string, gen int64, sql string, args ...any) (Lease, error) {
+	if !validUUID(id) {
+		return Lease{}, fmt.Errorf("%s lease %s: %w", op, id, ErrNotFound)
+	}
+	l, err := scanLease(q.QueryRow(ctx, sql, append([]any{id, gen}, args...)...))
+	if errors.Is(err, ErrNotFound) {
+		return Lease{}, fenced(ctx, q, op, id, gen)
+	}
+	if err != nil {
+		return Lease{}, fmt.Errorf("%s lease %s: %w", op, id, err)
+	}
+	return l, nil
+}
+
+// fenced records the lease.fenced audit event for a refused write, in its own statement after the
+// update that matched nothing, and returns the ErrFenced error for op.
+func fenced(ctx context.Context, q Querier, op, id string, gen int64) error {
+	details := map[string]any{"op": op, "presented_generation": gen}
+	var companyID, status, cleanup string
+	var current int64
+	err := q.QueryRow(ctx, `SELECT company_id::text, status, generation, cleanup_status
+		FROM environment_leases WHERE id = $1`, id).Scan(&companyID, &status, &current, &cleanup)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		details["current_status"] = "missing"
+	case err != nil:
+		return fmt.Errorf("%s lease %s: %w; reading it for the audit: %w", op, id, ErrFenced, err)
+	default:
+		details["current_generation"] = current
+		details["current_status"] = status
+		details["cleanup_status"] = cleanup
+	}
+	if err := InsertAudit(ctx, q, AuditEvent{CompanyID: companyID, ActorType: ActorSystem, ActorLabel: "lease store",
+		Action: "lease.fenced", TargetType: "environment_lease", TargetID: id, Details: details}); err != nil {
+		return fmt.Errorf("%s lease %s: %w; %w", op, id, ErrFenced, err)
+	}
+	return fmt.Errorf("%s lease %s: %w", op, id, ErrFenced)
+}
+
+// ExpireLeases ends up to limit live leases whose expires_at has passed on the database clock:
+// expired, generation + 1 (so the holder that stopped heartbeating is fenced out) and cleanup
+// pending. It returns them, at their new generation, for the caller to enqueue cleanup. Rows are
+// claimed with FOR UPDATE SKIP LOCKED, so several workers can sweep at once and each lease is
+// expired exactly once. A lease without expires_at never expires (this store always sets one).
+func ExpireLeases(ctx context.Context, q Querier, limit int) ([]Lease, error) {
+	rows, err := q.Query(ctx, `WITH due AS (
+			SELECT id FROM environment_leases
+			WHERE status IN ('acquiring', 'active', 'releasing') AND expires_at < now()
+			ORDER BY expires_at
+			LIMIT $1
+			FOR UPDATE SKIP LOCKED)
+		UPDATE environment_leases AS l
+		SET status = 'expired', generation = l.generation + 1, released_at = now(),
+			cleanup_status = 'pending', failure_reason = 'expired: no heartbeat before expires_at'
+		FROM due WHERE l.id = due.id
+		RETURNING `+leaseColumns, limit)
+	if err != nil {
+		return nil, fmt.Errorf("expire leases: %w", err)
+	}
+	leases, err := collectLeases(rows)
+	if err != nil {
+		return nil, fmt.Errorf("expire leases: %w", err)
+	}
+	return leases, nil
+}
+
+// ForceReleaseLease is the instance administrator's release of a company's live lease: released,
+// generation + 1 (its holder is fenced out from now on) and cleanup pending. An ended lease is
+// ErrLeaseState; another company's is ErrNotFound. The caller audits who did it.
+func ForceReleaseLease(ctx context.Context, q Querier, companyID, id string) (Lease, error) {
+	return adminWrite(ctx, q, "force release", companyID, id, `UPDATE environment_leases AS l
+		SET status = 'released', generation = l.generation + 1, released_at = now(), cleanup_status = 'pending',
+			failure_reason = 'force released by an instance administrator'
+		WHERE l.company_id = $1 AND l.id = $2 AND l.status IN ('acquiring', 'active', 'releasing')
+		RETURNING `+leaseColumns)
+}
+
+// RetryLeaseCleanup puts a company's lease whose cleanup failed back to pending (attempts are
+// kept), for the caller to enqueue a cleanup job at the returned generation. A lease whose cleanup
+// did not fail is ErrLeaseState; another company's is ErrNotFound.
+func RetryLeaseCleanup(ctx context.Context, q Querier, companyID, id string) (Lease, error) {
+	return adminWrite(ctx, q, "retry cleanup", companyID, id, `UPDATE environment_leases AS l
+		SET cleanup_status = 'pending'
+		WHERE l.company_id = $1 AND l.id = $2 AND l.status IN ('released', 'expired', 'failed')
+			AND l.cleanup_status = 'failed'
+		RETURNING `+leaseColumns)
+}
+
+// adminWrite runs an administrator's conditional UPDATE on (company, id) and tells a lease in the
+// wrong state (ErrLeaseState) from one that is not the company's (ErrNotFound).
+func adminWrite(ctx context.Context, q Querier, op, companyID, id, sql string) (Lease, error) {
+	if !validUUID(id) || !validUUID(companyID) {
+		return Lease{}, fmt.Errorf("%s lease %s: %w", op, id, ErrNotFound)
+	}
+	l, err := scanLease(q.QueryRow(ctx, sql, companyID, id))
+	if errors.Is(err, ErrNotFound) {
+		cur, err := LeaseByID(ctx, q, companyID, id)
+		if err != nil {
+			return Lease{}, fmt.Errorf("%s lease %s: %w", op, id, err)
+		}
+		return Lease{}, fmt.Errorf("%s lease %s (%s, cleanup %s): %w", op, id, cur.Status, cur.CleanupStatus, ErrLeaseState)
+	}
+	if err != nil {
+		return Lease{}, fmt.Errorf("%s lease %s: %w", op, id, err)
+	}
+	return l, nil
+}
+
+// LeaseByID reads one of a company's leases; another company's id is ErrNotFound.
+func LeaseByID(ctx context.Context, q Querier, companyID, id string) (Lease, error) {
+	if !validUUID(id) || !validUUID(companyID) {
+		return Lease{}, ErrNotFound
+	}
+	l, err := scanLease(q.QueryRow(ctx, `SELECT `+leaseColumns+` FROM environment_leases l
+		WHERE l.company_id = $1 AND l.id = $2`, companyID, id))
+	if err != nil {
+		return Lease{}, fmt.Errorf("lease %s: %w", id, err)
+	}
+	return l, nil
+}
+
+// LeaseCursor is the position after which a page of leases starts: the created_at and id of the
+// previous page's last lease (Lease.Cursor). The zero cursor starts at the newest.
+type LeaseCursor struct {
+	CreatedAt time.Time `json:"t"`
+	ID        string    `json:"i"`
+}
+
+// LeaseFilter narrows a company's lease list; empty fields do not filter.
+type LeaseFilter struct {
+	// Status is one lease status, or "live" for acquiring, active and releasing together.
+	Status        string
+	EnvironmentID string
+	After         LeaseCursor
+	// Limit is the page size: 50 when zero or negative, at most 200.
+	Limit int
+}
+
+// ListLeases returns a page of a company's leases, newest first (created_at, then id), filtered.
+func ListLeases(ctx context.Context, q Querier, companyID string, f LeaseFilter) ([]Lease, error) {
+	if !validUUID(companyID) {
+		return nil, ErrNotFound
+	}
+	statuses := []string{}
+	switch f.Status {
+	case "":
+	case "live":
+		statuses = LiveLeaseStatuses
+	default:
+		statuses = []string{f.Status}
+	}
+	var envID, afterID any
+	if f.EnvironmentID != "" {
+		if !validUUID(f.EnvironmentID) {
+			return nil, fmt.Errorf("list leases: %w", ErrInvalidID)
+		}
+		envID = f.EnvironmentID
+	}
+	if f.After.ID != "" {
+		if !validUUID(f.After.ID) {
+			return nil, fmt.Errorf("list leases: %w", ErrInvalidID)
+		}
+		afterID = f.After.ID
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 50
+	}
+	limit = min(limit, 200)
+	rows, err := q.Query(ctx, `SELECT `+leaseColumns+` FROM environment_leases l
+		WHERE l.company_id = $1
+			AND (cardinality($2::text[]) = 0 OR l.status = ANY ($2::text[]))
+			AND ($3::uuid IS NULL OR l.environment_id = $3::uuid)
+			AND ($5::uuid IS NULL OR (l.created_at, l.id) < ($4::timestamptz, $5::uuid))
+		ORDER BY l.created_at DESC, l.id DESC LIMIT $6`,
+		companyID, statuses, envID, f.After.CreatedAt, afterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list leases: %w", err)
+	}
+	leases, err := collectLeases(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list leases: %w", err)
+	}
+	return leases, nil
+}
