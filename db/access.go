@@ -51,7 +51,7 @@ func CompanyOf(ctx context.Context, q Querier, table, id string) (string, error)
 // companyTables are the tables CompanyOf may read.
 var companyTables = map[string]bool{
 	"projects": true, "project_workspaces": true, "environments": true, "tasks": true, "agents": true,
-	"execution_workspaces": true, "environment_leases": true,
+	"execution_workspaces": true, "environment_leases": true, "runs": true,
 }
 
 // validUUID reports whether s has the textual shape of a UUID, so malformed ids are a 404

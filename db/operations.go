@@ -77,6 +77,9 @@ type OperationResult struct {
 
 // FinishOperation settles a running step; a step already settled is left as it is.
 func FinishOperation(ctx context.Context, q Querier, id string, r OperationResult) error {
+	if r.Log == nil {
+		r.Log = []byte{}
+	}
 	if _, err := q.Exec(ctx, `UPDATE workspace_operations SET status = $2, exit_code = $3, log = $4, log_bytes = $5,
 			log_sha256 = $6, log_truncated = $7, error = $8, finished_at = now()
 		WHERE id = $1 AND status = 'running'`,

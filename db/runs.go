@@ -155,6 +155,9 @@ func RunForJob(ctx context.Context, q Querier, id string) (Run, error) {
 
 // SetRunLog stores the captured log (its first bytes, up to the cap) and the total size.
 func SetRunLog(ctx context.Context, q Querier, id string, log []byte, total int64, truncated bool) error {
+	if log == nil {
+		log = []byte{}
+	}
 	if _, err := q.Exec(ctx, `UPDATE runs SET log = $2, log_bytes = $3, log_truncated = $4, heartbeat_at = now()
 		WHERE id = $1`, id, log, total, truncated); err != nil {
 		return fmt.Errorf("set run log: %w", err)

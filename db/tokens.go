@@ -51,3 +51,12 @@ func TokenUser(ctx context.Context, q Querier, hash []byte) (User, string, error
 	}
 	return u, tokenID, nil
 }
+
+// CreateRunToken stores the hash of a run token, valid until expires or until its run ends.
+func CreateRunToken(ctx context.Context, q Querier, runID string, hash []byte, expires time.Time) error {
+	if _, err := q.Exec(ctx, `INSERT INTO api_tokens (token_hash, kind, name, run_id, expires_at)
+		VALUES ($1, 'run', 'run', $2, $3)`, hash, runID, expires); err != nil {
+		return fmt.Errorf("create run token: %w", err)
+	}
+	return nil
+}

@@ -35,9 +35,6 @@ type environmentInput struct {
 	Status *string
 }
 
-// environmentSecretsAAD binds an environment's sealed secrets to its row.
-func environmentSecretsAAD(id string) string { return "environment:" + id }
-
 // newEnvironmentID picks the id of a new environment before it is inserted, because its secrets
 // are sealed to it.
 func newEnvironmentID() string {
@@ -58,7 +55,7 @@ func (s *Server) sealSecrets(id string, sec environment.Secrets) ([]byte, error)
 	if err != nil {
 		return nil, fmt.Errorf("seal environment secrets: %w", err)
 	}
-	return s.secrets.Seal(b, environmentSecretsAAD(id))
+	return s.secrets.Seal(b, environment.SecretsAAD(id))
 }
 
 // openSecrets opens an environment's sealed secrets. Secrets that no longer open (another key)
@@ -69,7 +66,7 @@ func (s *Server) openSecrets(ctx context.Context, e db.Environment) environment.
 	if len(e.Secrets) == 0 {
 		return sec
 	}
-	b, err := s.secrets.Open(e.Secrets, environmentSecretsAAD(e.ID))
+	b, err := s.secrets.Open(e.Secrets, environment.SecretsAAD(e.ID))
 	if err != nil || json.Unmarshal(b, &sec) != nil {
 		// The error is not logged: a decoding error could quote the plaintext.
 		s.log.WarnContext(ctx, "environment secrets do not open with this key; an admin must enter them again",

@@ -107,7 +107,25 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /tasks/{id}/plan", s.page(s.planFragment))
 	mux.Handle("POST /tasks/{id}/workspace", s.page(s.bindingForm))
 
+	// File resources: read-only files of a task's authorized roots (any reader of the company);
+	// reads share one per-user rate limit, in this process's memory (see file_resources.go).
+	files := newFileRateLimiter()
+	mux.Handle("GET /api/tasks/{id}/file-resources/roots", s.api(s.fileRootsAPI))
+	mux.Handle("GET /api/tasks/{id}/file-resources/list", s.api(s.fileListAPI(files)))
+	mux.Handle("GET /api/tasks/{id}/file-resources/content", s.api(s.fileContentAPI(files)))
+	mux.Handle("GET /tasks/{id}/files", s.page(s.filesPage(files)))
+
 	s.adminRoutes(mux, jobsUI)
+
+	// Runs (start and cancel: board members).
+	mux.Handle("POST /api/tasks/{id}/runs", s.api(s.createRunAPI))
+	mux.Handle("GET /api/runs/{id}", s.api(s.getRunAPI))
+	mux.Handle("GET /api/runs/{id}/log", s.api(s.runLogAPI))
+	mux.Handle("POST /api/runs/{id}/cancel", s.api(s.cancelRunAPI))
+
+	mux.Handle("POST /tasks/{id}/runs", s.page(s.createRunForm))
+	mux.Handle("GET /runs/{id}", s.page(s.runPage))
+	mux.Handle("POST /runs/{id}/cancel", s.page(s.cancelRunForm))
 
 	mux.Handle("/api/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))
 	mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))

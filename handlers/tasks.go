@@ -632,6 +632,12 @@ func (s *Server) taskPageData(ctx context.Context, a access, snap db.PlanSnapsho
 		return views.TaskPageData{}, err
 	}
 	d.Binding = b
+	if d.Runs, err = s.taskRunsData(ctx, a, t.ID, snap); err != nil {
+		return views.TaskPageData{}, err
+	}
+	if d.Files, err = s.fileBrowserIntro(ctx, a, t.ID); err != nil {
+		return views.TaskPageData{}, err
+	}
 	if d.CanManage {
 		envs, err := db.TaskEnvironments(ctx, s.pool, a.Company.ID)
 		if err != nil {

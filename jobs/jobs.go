@@ -13,12 +13,26 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"berth/db"
+	"berth/workspace"
 )
 
 // Deps are what workers need from the process that runs them.
 type Deps struct {
 	Pool *pgxpool.Pool
 	Log  *slog.Logger
+	// Workspaces realizes and finalizes execution workspaces on this node's disk.
+	Workspaces *workspace.Manager
+	// APIURL is given to run commands as BERTH_API_URL.
+	APIURL string
+	// NodeID names this node on process-bound rows (runs, operations).
+	NodeID string
+	// Secrets opens environments' sealed secrets for their drivers.
+	Secrets *db.Sealer
+	// HomeDir holds a private HOME per environment for commands (outside every workspace, so
+	// dotfiles never land in a task's commits).
+	HomeDir string
 }
 
 // Workers registers every job kind Berth knows.
@@ -26,6 +40,16 @@ func Workers(d Deps) (*river.Workers, error) {
 	w := river.NewWorkers()
 	if err := river.AddWorkerSafely(w, &HousekeepingWorker{deps: d}); err != nil {
 		return nil, fmt.Errorf("jobs: register housekeeping: %w", err)
+	}
+	rw := runWorker{deps: d}
+	if err := river.AddWorkerSafely(w, &ProvisionWorker{runWorker: rw}); err != nil {
+		return nil, fmt.Errorf("jobs: register provision: %w", err)
+	}
+	if err := river.AddWorkerSafely(w, &ExecuteRunWorker{runWorker: rw}); err != nil {
+		return nil, fmt.Errorf("jobs: register execute_run: %w", err)
+	}
+	if err := river.AddWorkerSafely(w, &FinalizeWorker{runWorker: rw}); err != nil {
+		return nil, fmt.Errorf("jobs: register finalize: %w", err)
 	}
 	return w, nil
 }

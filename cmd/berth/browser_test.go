@@ -231,7 +231,7 @@ func TestBrowserNewcomerPath(t *testing.T) {
 		chromedp.Navigate(strings.TrimSuffix(projectURL, "/")+"/tasks"),
 		chromedp.WaitVisible(chromedp.CSS(`#new-task`)),
 		chromedp.SendKeys(chromedp.CSS(`#new-task-title`), "Calibrate the <gripper>"),
-		chromedp.SendKeys(chromedp.CSS(`#new-task-command`), "make calibrate"),
+		chromedp.SendKeys(chromedp.CSS(`#new-task-command`), "echo calibrated > gripper.txt && echo done calibrating"),
 		chromedp.Click(chromedp.CSS(`#new-task button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#plan`)),
 	)
@@ -253,5 +253,16 @@ func TestBrowserNewcomerPath(t *testing.T) {
 	steps, err := chromedp.Run(ctx, chromedp.Nodes(chromedp.CSSAll(`#plan ol li`)))
 	if err != nil || len(steps) < 5 {
 		t.Fatalf("trace has %d lines (%v), want one per rule", len(steps), err)
+	}
+
+	step("run the task",
+		chromedp.Click(chromedp.CSS(`#runs button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#run-body`)),
+		chromedp.WaitVisible(chromedp.CSS(`#run-body .badge-ok`)),
+		chromedp.WaitVisible(chromedp.CSS(`#run-log`)),
+	)
+	screenshot(t, ctx, "run")
+	if log := text(`#run-log`); !strings.Contains(log, "done calibrating") {
+		t.Fatalf("run log = %q", log)
 	}
 }

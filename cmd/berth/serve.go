@@ -7,12 +7,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"berth/db"
 	"berth/handlers"
 	"berth/jobs"
 	"berth/static"
+	"berth/workspace"
 )
 
 // serve runs the web server (web=true) or a worker node (web=false) until ctx ends, then shuts
@@ -56,7 +59,25 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	defer d.close()
 
-	client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: log}, jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
+	key, err := db.LoadSecretKey(getenv("BERTH_SECRET_KEY"), c.DataDir)
+	if err != nil {
+		return err
+	}
+	sealer, err := db.NewSealer(key)
+	if err != nil {
+		return err
+	}
+	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{})
+	if err != nil {
+		return err
+	}
+	apiURL := ""
+	if c.BaseURL != nil {
+		apiURL = c.BaseURL.String()
+	}
+	client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, APIURL: apiURL, NodeID: nodeID(),
+		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes")},
+		jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
 	if err != nil {
 		return err
 	}
@@ -88,14 +109,6 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		if err := seedDemo(ctx, d.Pool, c.DataDir); err != nil {
 			return err
 		}
-	}
-	key, err := db.LoadSecretKey(getenv("BERTH_SECRET_KEY"), c.DataDir)
-	if err != nil {
-		return err
-	}
-	sealer, err := db.NewSealer(key)
-	if err != nil {
-		return err
 	}
 	assets, err := static.New()
 	if err != nil {
@@ -149,4 +162,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		log.Warn("http shutdown", "err", err)
 	}
 	return nil
+}
+
+// nodeID names this process's machine on process-bound rows: the host name.
+func nodeID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "node"
+	}
+	return h
 }

@@ -1,0 +1,562 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"berth/db"
+	"berth/views"
+	"berth/workspace"
+)
+
+// File resources are a task's files, read-only, from the roots the task is authorized for
+// (DESIGN §4, §8). The roots, in this order:
+//
+//  1. The task's execution workspace, named "execution-workspace:<execution workspace id>". It
+//     joins the list when runs realize execution workspaces (the runs issue): loadTaskFiles then
+//     prepends one more root, resolved from the task's binding by the workspace manager. Until
+//     then no task has one.
+//  2. The local workspaces of the task's project: `directory` sources and `git` sources given as
+//     an absolute path on this host (URL sources have no local tree), primary first, then by
+//     name. Each is named "project-workspace:<project workspace id>": the id, not the
+//     workspace's name, so a rename does not break a saved link or a client's configuration.
+//
+// Who: every reader of the task's company (board members, viewers) and instance admins; anyone
+// else gets the task's 404. Run tokens (their own task only, while the run is live) arrive with
+// the runs issue. Paths are resolved by workspace.Files, which never lets a read leave its root;
+// responses carry root names and root-relative paths only, never a host path. Each refusal by
+// the resolver (403) and each rate-limited request (429) is audited as file_resource.denied.
+//
+// Every read (both API routes and the browser panel) spends a token of the caller's per-user
+// bucket: fileRateBurst per fileRateWindow, counted in this process's memory, so each web node
+// counts on its own.
+const (
+	fileRateBurst  = 120
+	fileRateWindow = time.Minute
+
+	projectWorkspaceRootPrefix = "project-workspace:"
+	maxAuditPathBytes          = 1024
+)
+
+// newFileRateLimiter is the per-user limiter the file-resource routes share.
+func newFileRateLimiter() *rateLimiter {
+	return newRateLimiter(fileRateBurst, fileRateWindow, time.Now)
+}
+
+// Refusals specific to file resources; resolver refusals are mapped by fileError.
+var (
+	errNoReadableWorkspace = &httpError{Status: http.StatusNotFound, Code: "no_readable_workspace",
+		Message: "This task has no readable workspace yet: add a local project workspace (a directory or a git repository on this host) to its project, or start a run to create its execution workspace."}
+	errUnknownRoot = &httpError{Status: http.StatusNotFound, Code: "unknown_root",
+		Message: "This task has no file root by that name."}
+)
+
+// fileRoot is one directory a task may read. dir is a host path and never leaves the server.
+type fileRoot struct {
+	Name  string
+	Kind  string // project_workspace (execution_workspace with the runs issue)
+	Label string
+	dir   string
+}
+
+// taskFiles is a task's roots in order and the resolver over them (nil when there is no root).
+type taskFiles struct {
+	roots []fileRoot
+	files *workspace.Files
+}
+
+// loadTaskFiles loads the roots the task may read (company-filtered) and builds the resolver over them.
+func (s *Server) loadTaskFiles(ctx context.Context, a access, taskID string) (taskFiles, error) {
+	local, err := db.TaskLocalProjectWorkspaces(ctx, s.pool, a.Company.ID, taskID)
+	if err != nil {
+		return taskFiles{}, err
+	}
+	var tf taskFiles
+	for _, w := range local {
+		tf.roots = append(tf.roots, fileRoot{Name: projectWorkspaceRootPrefix + w.ID, Kind: "project_workspace",
+			Label: projectWorkspaceRootLabel(w), dir: w.Dir})
+	}
+	if len(tf.roots) == 0 {
+		return tf, nil
+	}
+	roots := make([]workspace.FileRoot, 0, len(tf.roots))
+	for _, r := range tf.roots {
+		roots = append(roots, workspace.FileRoot{Name: r.Name, Dir: r.dir})
+	}
+	if tf.files, err = workspace.NewFiles(workspace.FileLimits{}, roots...); err != nil {
+		return taskFiles{}, fmt.Errorf("file roots of task %s: %w", taskID, err)
+	}
+	return tf, nil
+}
+
+// projectWorkspaceRootLabel names a project workspace root for people.
+func projectWorkspaceRootLabel(w db.LocalProjectWorkspace) string {
+	kind := "directory"
+	if w.SourceType == "git" {
+		kind = "git repository"
+	}
+	if w.IsPrimary {
+		kind += ", primary"
+	}
+	return w.Name + " (" + kind + ")"
+}
+
+// pick returns the root a request names; an empty name is the first root.
+func (tf taskFiles) pick(name string) (fileRoot, error) {
+	if len(tf.roots) == 0 {
+		return fileRoot{}, errNoReadableWorkspace
+	}
+	if name == "" {
+		return tf.roots[0], nil
+	}
+	for _, r := range tf.roots {
+		if r.Name == name {
+			return r, nil
+		}
+	}
+	return fileRoot{}, errUnknownRoot
+}
+
+// fileQuery is one file-resource read as asked for.
+type fileQuery struct {
+	Op     string // list, content or download: recorded with a denial
+	Root   string // "" for the task's first root
+	Path   string // relative to the root
+	Cursor string
+	Limit  int
+}
+
+// admitFileRead spends one of the caller's file-read tokens; without one it is a 429 with
+// Retry-After, audited.
+func (s *Server) admitFileRead(w http.ResponseWriter, r *http.Request, a access, lim *rateLimiter, taskID, root string, in fileQuery) error {
+	ok, wait := lim.allow(a.P.User.ID)
+	if ok {
+		return nil
+	}
+	secs := retryAfterSeconds(wait)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	s.auditFileDenied(r, a, taskID, root, in, "rate_limited")
+	return &httpError{Status: http.StatusTooManyRequests, Code: "rate_limited",
+		Message: fmt.Sprintf("Too many file requests; try again in %d seconds.", secs)}
+}
+
+// taskFileRoot loads the task's roots and picks the one a request names ("" for the first).
+func (s *Server) taskFileRoot(ctx context.Context, a access, taskID, name string) (taskFiles, fileRoot, error) {
+	tf, err := s.loadTaskFiles(ctx, a, taskID)
+	if err != nil {
+		return taskFiles{}, fileRoot{}, err
+	}
+	root, err := tf.pick(name)
+	if err != nil {
+		return taskFiles{}, fileRoot{}, err
+	}
+	return tf, root, nil
+}
+
+// fileError maps a resolver refusal to what the caller sees (nil for anything else). Messages are
+// fixed texts: a resolver error names relative paths only, but none of it is echoed.
+func fileError(err error) *httpError {
+	he := func(status int, code, msg string) *httpError {
+		return &httpError{Status: status, Code: code, Message: msg}
+	}
+	switch {
+	case errors.Is(err, workspace.ErrBadPath):
+		return he(http.StatusBadRequest, "bad_path", "The path or cursor is not valid: give a path relative to the root (no leading /, ~, \\, NUL, control characters, scheme or drive letter; at most 4096 bytes).")
+	case errors.Is(err, workspace.ErrEscape):
+		return he(http.StatusForbidden, "path_escape", "That path leads outside the workspace.")
+	case errors.Is(err, workspace.ErrDenied):
+		return he(http.StatusForbidden, "path_denied", "That path is never readable through Berth (version control data, secrets, keys, credentials, dependency trees and build caches).")
+	case errors.Is(err, workspace.ErrNotRegular):
+		return he(http.StatusForbidden, "not_regular", "Only regular files can be read and only directories listed.")
+	case errors.Is(err, workspace.ErrHardLink):
+		return he(http.StatusForbidden, "hard_link", "The file has several hard links, so where its content lives cannot be verified; it is not shown.")
+	case errors.Is(err, workspace.ErrNotFound):
+		return he(http.StatusNotFound, "file_not_found", "No such file or directory.")
+	case errors.Is(err, workspace.ErrTooLarge):
+		return he(http.StatusRequestEntityTooLarge, "file_too_large", "The file is too large to read through Berth.")
+	}
+	return nil
+}
+
+// fileRefusal turns a resolver error into the response error, auditing 403s.
+func (s *Server) fileRefusal(r *http.Request, a access, taskID, root string, in fileQuery, err error) error {
+	he := fileError(err)
+	if he == nil {
+		return err
+	}
+	if he.Status == http.StatusForbidden {
+		s.auditFileDenied(r, a, taskID, root, in, he.Code)
+	}
+	return he
+}
+
+// auditFileDenied records a refused read: the task, the root, the path asked for and why. Never
+// any content.
+func (s *Server) auditFileDenied(r *http.Request, a access, taskID, root string, in fileQuery, reason string) {
+	ctx, cancel := background(r.Context())
+	defer cancel()
+	s.audit(ctx, r, a.P, a.Company.ID, "file_resource.denied", "task", taskID, map[string]any{
+		"root": auditText(root), "path": auditText(in.Path), "operation": in.Op, "reason": reason})
+}
+
+// auditText makes a client-supplied string storable in the audit trail: valid UTF-8 without
+// control characters (jsonb refuses NUL), cut to maxAuditPathBytes.
+func auditText(v string) string {
+	v = strings.ToValidUTF8(v, "\uFFFD")
+	v = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f) {
+			return '\uFFFD'
+		}
+		return r
+	}, v)
+	if len(v) <= maxAuditPathBytes {
+		return v
+	}
+	cut := maxAuditPathBytes
+	for cut > 0 && !utf8.RuneStart(v[cut]) {
+		cut--
+	}
+	return v[:cut] + "…"
+}
+
+// listFiles spends a rate-limit token and returns one page of a directory of root.
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, a access, lim *rateLimiter, taskID string, tf taskFiles, root fileRoot, in fileQuery) (workspace.Page, error) {
+	if err := s.admitFileRead(w, r, a, lim, taskID, root.Name, in); err != nil {
+		return workspace.Page{}, err
+	}
+	page, err := tf.files.List(r.Context(), root.Name, in.Path, in.Cursor, in.Limit)
+	if err != nil {
+		return workspace.Page{}, s.fileRefusal(r, a, taskID, root.Name, in, err)
+	}
+	return page, nil
+}
+
+// readFile spends a rate-limit token and returns the preview of a file of root.
+func (s *Server) readFile(w http.ResponseWriter, r *http.Request, a access, lim *rateLimiter, taskID string, tf taskFiles, root fileRoot, in fileQuery) (workspace.Content, error) {
+	if err := s.admitFileRead(w, r, a, lim, taskID, root.Name, in); err != nil {
+		return workspace.Content{}, err
+	}
+	c, err := tf.files.Read(r.Context(), root.Name, in.Path)
+	if err != nil {
+		return workspace.Content{}, s.fileRefusal(r, a, taskID, root.Name, in, err)
+	}
+	return c, nil
+}
+
+// fileListLimit reads `limit` for a listing: default and cap workspace.MaxPageSize (100); values
+// up to the API-wide 200 are accepted and served as 100.
+func fileListLimit(r *http.Request) (int, error) {
+	if r.URL.Query().Get("limit") == "" {
+		return workspace.MaxPageSize, nil
+	}
+	limit, _, err := pageParams(r)
+	if err != nil {
+		return 0, err
+	}
+	return min(limit, workspace.MaxPageSize), nil
+}
+
+// fileRootJSON is one root in GET /api/tasks/{id}/file-resources/roots.
+type fileRootJSON struct {
+	Name    string `json:"name"`
+	Kind    string `json:"kind"`
+	Label   string `json:"label"`
+	Default bool   `json:"default"`
+}
+
+// fileRootsAPI lists the roots a task's files may be read from, in order; the first is the
+// default of the other routes. A task without one has an empty list.
+func (s *Server) fileRootsAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
+	ctx, id := r.Context(), r.PathValue("id")
+	a, err := s.objectAccess(ctx, p, "tasks", id)
+	if err != nil {
+		return err
+	}
+	tf, err := s.loadTaskFiles(ctx, a, id)
+	if err != nil {
+		return err
+	}
+	out := listResponse[fileRootJSON]{Items: make([]fileRootJSON, 0, len(tf.roots))}
+	for i, root := range tf.roots {
+		out.Items = append(out.Items, fileRootJSON{Name: root.Name, Kind: root.Kind, Label: root.Label, Default: i == 0})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// fileListAPI lists one page of a directory (`path`, empty for the root) of a task's root:
+// {items: [{name, path, type, size, modified_at}], next_cursor}, sorted by name, at most 100.
+func (s *Server) fileListAPI(lim *rateLimiter) func(http.ResponseWriter, *http.Request, *principal) error {
+	return func(w http.ResponseWriter, r *http.Request, p *principal) error {
+		ctx, id := r.Context(), r.PathValue("id")
+		a, err := s.objectAccess(ctx, p, "tasks", id)
+		if err != nil {
+			return err
+		}
+		q := r.URL.Query()
+		in := fileQuery{Op: "list", Root: q.Get("root"), Path: q.Get("path"), Cursor: q.Get("cursor")}
+		if in.Limit, err = fileListLimit(r); err != nil {
+			return err
+		}
+		tf, root, err := s.taskFileRoot(ctx, a, id, in.Root)
+		if err != nil {
+			return err
+		}
+		page, err := s.listFiles(w, r, a, lim, id, tf, root, in)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, page)
+		return nil
+	}
+}
+
+// fileContentAPI returns a file of a task's root: a preview {path, size, encoding, content,
+// truncated} (UTF-8 text as is, anything else base64, at most 512 KiB), or with download=1 the
+// raw bytes as an attachment.
+func (s *Server) fileContentAPI(lim *rateLimiter) func(http.ResponseWriter, *http.Request, *principal) error {
+	return func(w http.ResponseWriter, r *http.Request, p *principal) error {
+		ctx, id := r.Context(), r.PathValue("id")
+		a, err := s.objectAccess(ctx, p, "tasks", id)
+		if err != nil {
+			return err
+		}
+		q := r.URL.Query()
+		in := fileQuery{Op: "content", Root: q.Get("root"), Path: q.Get("path")}
+		switch q.Get("download") {
+		case "", "0", "false":
+		case "1", "true":
+			in.Op = "download"
+		default:
+			return badRequest("bad_download", "download must be 1 (the raw file) or absent (a preview).")
+		}
+		tf, root, err := s.taskFileRoot(ctx, a, id, in.Root)
+		if err != nil {
+			return err
+		}
+		if in.Op == "download" {
+			return s.downloadFile(w, r, a, lim, id, tf, root, in)
+		}
+		c, err := s.readFile(w, r, a, lim, id, tf, root, in)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, c)
+		return nil
+	}
+}
+
+// downloadFile spends a rate-limit token and streams a file of root as an attachment that no
+// browser renders: octet-stream, nosniff, a sanitized file name. Exactly the size checked when
+// the file was opened is served (ranges allowed), even if the file grows meanwhile.
+func (s *Server) downloadFile(w http.ResponseWriter, r *http.Request, a access, lim *rateLimiter, taskID string, tf taskFiles, root fileRoot, in fileQuery) error {
+	if err := s.admitFileRead(w, r, a, lim, taskID, root.Name, in); err != nil {
+		return err
+	}
+	f, entry, err := tf.files.Open(r.Context(), root.Name, in.Path)
+	if err != nil {
+		return s.fileRefusal(r, a, taskID, root.Name, in, err)
+	}
+	defer f.Close()
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Disposition", attachmentDisposition(entry.Name))
+	h.Set("Cache-Control", "no-store")
+	http.ServeContent(w, r, "", entry.ModifiedAt, io.NewSectionReader(f, 0, entry.Size))
+	return nil
+}
+
+// attachmentDisposition is a Content-Disposition that saves the file under its name: an ASCII
+// fallback (anything unusual replaced by "_") and the exact UTF-8 name per RFC 5987.
+func attachmentDisposition(name string) string {
+	name = strings.ToValidUTF8(name, "_")
+	var ascii, ext strings.Builder
+	for _, c := range name {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', strings.ContainsRune(" ._-+()", c):
+			ascii.WriteRune(c)
+		default:
+			ascii.WriteByte('_')
+		}
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$&+-.^_`|~", c) >= 0 {
+			ext.WriteByte(c)
+		} else {
+			fmt.Fprintf(&ext, "%%%02X", c)
+		}
+	}
+	fallback := strings.TrimSpace(ascii.String())
+	if fallback == "" || strings.Trim(fallback, ".") == "" {
+		fallback = "download"
+	}
+	return `attachment; filename="` + fallback + `"; filename*=UTF-8''` + ext.String()
+}
+
+// filesURL is the file browser page (or, for htmx, its panel) with the given query.
+func filesURL(taskID string, v url.Values) string {
+	return "/tasks/" + taskID + "/files?" + v.Encode()
+}
+
+// filesListURL lists a directory of a root in the browser.
+func filesListURL(taskID, root, dir, cursor string) string {
+	v := url.Values{"root": {root}}
+	if dir != "" {
+		v.Set("path", dir)
+	}
+	if cursor != "" {
+		v.Set("cursor", cursor)
+	}
+	return filesURL(taskID, v)
+}
+
+// filesDownloadURL is the raw download of a file (the API route, which also takes the session).
+func filesDownloadURL(taskID, root, file string) string {
+	v := url.Values{"root": {root}, "path": {file}, "download": {"1"}}
+	return "/api/tasks/" + taskID + "/file-resources/content?" + v.Encode()
+}
+
+// fileRootOptions are the root selector's choices.
+func fileRootOptions(tf taskFiles) []views.FileRootOption {
+	opts := make([]views.FileRootOption, 0, len(tf.roots))
+	for _, r := range tf.roots {
+		opts = append(opts, views.FileRootOption{Name: r.Name, Label: r.Label})
+	}
+	return opts
+}
+
+// fileCrumbs is the breadcrumb to p (the listed directory or the previewed file): the root, then
+// each component linking to its listing; the last step is the current one and has no link.
+func fileCrumbs(taskID string, root fileRoot, p string) []views.FileCrumb {
+	var comps []string
+	for _, c := range strings.Split(p, "/") {
+		if c != "" && c != "." {
+			comps = append(comps, c)
+		}
+	}
+	crumbs := []views.FileCrumb{{Label: root.Label, URL: filesListURL(taskID, root.Name, "", "")}}
+	for i, c := range comps {
+		crumbs = append(crumbs, views.FileCrumb{Label: c, URL: filesListURL(taskID, root.Name, strings.Join(comps[:i+1], "/"), "")})
+	}
+	crumbs[len(crumbs)-1].URL = ""
+	return crumbs
+}
+
+// fileBrowserIntro is the task page's file browser: the roots, and the URL the panel loads its
+// listing from (htmx), so the task page itself reads no file and spends no rate-limit token.
+func (s *Server) fileBrowserIntro(ctx context.Context, a access, taskID string) (views.FileBrowserData, error) {
+	tf, err := s.loadTaskFiles(ctx, a, taskID)
+	if err != nil {
+		return views.FileBrowserData{}, err
+	}
+	d := views.FileBrowserData{TaskID: taskID, PageURL: "/tasks/" + taskID + "/files", Roots: fileRootOptions(tf)}
+	if len(tf.roots) > 0 {
+		d.Root = tf.roots[0].Name
+		d.LoadURL = filesListURL(taskID, d.Root, "", "")
+	}
+	return d, nil
+}
+
+// fileBrowser builds the browser panel for a request (`root`, then `path` to list a directory or
+// `file` to preview one, `cursor` for the next page). A refusal is shown inside the panel, and
+// its status returned for the full page; other errors are returned.
+func (s *Server) fileBrowser(w http.ResponseWriter, r *http.Request, a access, lim *rateLimiter, taskID string) (views.FileBrowserData, int, error) {
+	q := r.URL.Query()
+	in := fileQuery{Op: "list", Root: q.Get("root"), Path: q.Get("path"), Cursor: q.Get("cursor"), Limit: workspace.MaxPageSize}
+	if q.Has("file") {
+		in.Op, in.Path, in.Cursor = "content", q.Get("file"), ""
+	}
+	tf, err := s.loadTaskFiles(r.Context(), a, taskID)
+	if err != nil {
+		return views.FileBrowserData{}, 0, err
+	}
+	d := views.FileBrowserData{TaskID: taskID, PageURL: "/tasks/" + taskID + "/files", Roots: fileRootOptions(tf)}
+	if len(tf.roots) == 0 {
+		return d, http.StatusNotFound, nil
+	}
+	refused := func(root fileRoot, err error) (views.FileBrowserData, int, error) {
+		var he *httpError
+		if !errors.As(err, &he) {
+			return views.FileBrowserData{}, 0, err
+		}
+		d.Problem = he.Message
+		if root.Name != "" {
+			d.Crumbs = []views.FileCrumb{{Label: root.Label, URL: filesListURL(taskID, root.Name, "", "")}}
+		}
+		return d, he.Status, nil
+	}
+	root, err := tf.pick(in.Root)
+	if err != nil {
+		return refused(fileRoot{}, err)
+	}
+	d.Root = root.Name
+	if in.Op == "content" {
+		c, err := s.readFile(w, r, a, lim, taskID, tf, root, in)
+		if err != nil {
+			return refused(root, err)
+		}
+		d.Crumbs = fileCrumbs(taskID, root, c.Path)
+		d.Preview = &views.FilePreview{Name: d.Crumbs[len(d.Crumbs)-1].Label, Size: c.Size, Truncated: c.Truncated,
+			Binary: c.Encoding != "utf8", DownloadURL: filesDownloadURL(taskID, root.Name, c.Path)}
+		if !d.Preview.Binary {
+			d.Preview.Text, d.Preview.Shown = c.Content, int64(len(c.Content))
+		}
+		return d, http.StatusOK, nil
+	}
+	page, err := s.listFiles(w, r, a, lim, taskID, tf, root, in)
+	if err != nil {
+		return refused(root, err)
+	}
+	d.Crumbs, d.Listed = fileCrumbs(taskID, root, in.Path), true
+	for _, e := range page.Items {
+		fe := views.FileEntry{Name: e.Name, Dir: e.Type == workspace.TypeDir, Size: e.Size, ModifiedAt: e.ModifiedAt}
+		if fe.Dir {
+			fe.URL = filesListURL(taskID, root.Name, e.Path, "")
+		} else {
+			fe.URL = filesURL(taskID, url.Values{"root": {root.Name}, "file": {e.Path}})
+			fe.DownloadURL = filesDownloadURL(taskID, root.Name, e.Path)
+		}
+		d.Entries = append(d.Entries, fe)
+	}
+	if page.NextCursor != "" {
+		d.NextURL = filesListURL(taskID, root.Name, in.Path, page.NextCursor)
+	}
+	return d, http.StatusOK, nil
+}
+
+// filesPage is the file browser. htmx gets the panel alone, always with 200 and any refusal
+// written inside it (htmx swaps only successful responses, see static/js/app.js); a browser gets
+// the whole page with the refusal's status.
+func (s *Server) filesPage(lim *rateLimiter) func(http.ResponseWriter, *http.Request, *principal) error {
+	return func(w http.ResponseWriter, r *http.Request, p *principal) error {
+		ctx, id := r.Context(), r.PathValue("id")
+		a, err := s.objectAccess(ctx, p, "tasks", id)
+		if err != nil {
+			return err
+		}
+		d, status, err := s.fileBrowser(w, r, a, lim, id)
+		if err != nil {
+			return err
+		}
+		w.Header().Set("Vary", "HX-Request")
+		if taskFragmentRequest(r) {
+			return s.render(w, r, views.FileBrowser(d))
+		}
+		t, err := db.TaskByID(ctx, s.pool, a.Company.ID, id)
+		if err != nil {
+			return err
+		}
+		detail := views.TaskDetail{ID: t.ID, Key: t.Key, Title: t.Title, ProjectID: t.ProjectID, ProjectName: t.ProjectName}
+		return s.renderStatus(w, r, status, views.FilesPage(s.taskFrame(r, a, t), detail, d))
+	}
+}

@@ -1,0 +1,156 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"berth/db"
+	"berth/environment"
+)
+
+// ExecuteRunArgs asks to run a prepared run's command.
+type ExecuteRunArgs struct {
+	RunID string `json:"run_id"`
+}
+
+// Kind names the job in River.
+func (ExecuteRunArgs) Kind() string { return "execute_run" }
+
+// InsertOpts: a command runs at most once; a crash mid-run is recovered by the orphan sweep, not
+// by running the command a second time.
+func (ExecuteRunArgs) InsertOpts() river.InsertOpts { return river.InsertOpts{MaxAttempts: 1} }
+
+// ExecuteRunWorker runs the command through the environment's driver, streams its log into the
+// run row, heartbeats the lease, stops the command on cancel or timeout, and records the end.
+type ExecuteRunWorker struct {
+	river.WorkerDefaults[ExecuteRunArgs]
+	runWorker
+}
+
+// Timeout: the run's own timeout bounds the command; River's job timeout is off for this kind.
+func (w *ExecuteRunWorker) Timeout(*river.Job[ExecuteRunArgs]) time.Duration { return -1 }
+
+// Work runs the command once.
+func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunArgs]) error {
+	run, err := db.RunForJob(ctx, w.deps.Pool, job.Args.RunID)
+	if err != nil {
+		return err
+	}
+	if run.Status != db.RunPreparing {
+		return nil
+	}
+	if run.CancelRequested {
+		return w.failRun(ctx, run, db.RunCancelled, "cancelled", "The run was cancelled before its command started.")
+	}
+	ws, err := db.ExecutionWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, run.ExecutionWorkspaceID)
+	if err != nil {
+		return w.failRun(ctx, run, db.RunFailed, codeExecutorFailure, "The run's workspace is gone.")
+	}
+	lease, err := db.LeaseByID(ctx, w.deps.Pool, run.CompanyID, run.LeaseID)
+	if err != nil {
+		return w.failRun(ctx, run, db.RunFailed, codeLeaseLost, "The run's lease is gone.")
+	}
+	drv, err := w.driverFor(ctx, run)
+	if err != nil {
+		return w.failRun(ctx, run, db.RunFailed, codeEnvironment, err.Error())
+	}
+	root, err := w.workspaceRoot(ws)
+	if err != nil {
+		return w.failRun(ctx, run, db.RunFailed, codeExecutorFailure, "The workspace directory is not managed by this node.")
+	}
+	token, hash, err := db.NewToken()
+	if err != nil {
+		return err
+	}
+	err = db.InTx(ctx, w.deps.Pool, func(tx pgx.Tx) error {
+		if err := db.CreateRunToken(ctx, tx, run.ID, hash, time.Now().Add(time.Duration(run.TimeoutS)*time.Second+time.Hour)); err != nil {
+			return err
+		}
+		run, err = db.TransitionRun(ctx, tx, run.ID, []string{db.RunPreparing}, db.RunRunning, db.RunUpdate{Started: true, NodeID: &w.deps.NodeID})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	go w.watch(runCtx, stop, run, lease)
+
+	log := environment.NewLogBuffer(environment.LogOptions{FlushInterval: logFlush, OnWrite: func(s environment.LogSnapshot) {
+		_ = db.SetRunLog(context.WithoutCancel(ctx), w.deps.Pool, run.ID, s.Data, s.Total, s.Truncated)
+	}})
+	res, execErr := drv.Exec(runCtx, environment.ExecRequest{Command: run.Command, Dir: root, Log: log, Tag: run.ID,
+		Timeout: time.Duration(run.TimeoutS) * time.Second,
+		Env: map[string]string{"BERTH_RUN_TOKEN": token, "BERTH_API_URL": w.deps.APIURL, "BERTH_TASK_ID": run.TaskID,
+			"BERTH_WORKSPACE_ID": ws.ID}})
+	_ = log.Close()
+
+	status, code, msg := db.RunSucceeded, "", ""
+	switch cause := context.Cause(runCtx); {
+	case execErr != nil && res.Started.IsZero():
+		status, code, msg = db.RunFailed, codeExecutorFailure, "The command could not start: "+execErr.Error()
+	case errors.Is(execErr, environment.ErrNotGone):
+		status, code, msg = db.RunFailed, "processes_survived", "Some of the command's processes survived SIGKILL."
+	case res.TimedOut:
+		status, code, msg = db.RunTimedOut, "timeout", fmt.Sprintf("The command ran longer than %d s and was stopped.", run.TimeoutS)
+	case res.Cancelled && errors.Is(cause, errLeaseLost):
+		status, code, msg = db.RunFailed, codeLeaseLost, "The run lost its lease and was stopped."
+	case res.Cancelled:
+		status, code, msg = db.RunCancelled, "cancelled", "The run was cancelled."
+	case res.ExitCode != 0:
+		status, code, msg = db.RunFailed, codeCommandFailed, fmt.Sprintf("The command exited with status %d.", res.ExitCode)
+	}
+	exit := res.ExitCode
+	return db.InTx(context.WithoutCancel(ctx), w.deps.Pool, func(tx pgx.Tx) error {
+		bg := context.WithoutCancel(ctx)
+		if err := db.SetRunLog(bg, tx, run.ID, log.Bytes(), log.Total(), log.Truncated()); err != nil {
+			return err
+		}
+		u := db.RunUpdate{ErrorCode: &code, ErrorMessage: &msg, Finished: true}
+		if !res.Started.IsZero() {
+			u.ExitCode = &exit
+		}
+		if _, err := db.TransitionRun(bg, tx, run.ID, []string{db.RunRunning}, status, u); err != nil {
+			return err
+		}
+		return w.enqueueFinalize(bg, tx, run)
+	})
+}
+
+// errLeaseLost ends a command whose lease was fenced or expired.
+var errLeaseLost = errors.New("lease lost")
+
+// cancelPoll is how often a running command checks for a cancel request.
+const cancelPoll = 250 * time.Millisecond
+
+// watch heartbeats the run and its lease, and stops the command on a cancel request or a lost lease.
+func (w *ExecuteRunWorker) watch(ctx context.Context, stop context.CancelCauseFunc, run db.Run, lease db.Lease) {
+	poll := time.NewTicker(cancelPoll)
+	defer poll.Stop()
+	beat := time.NewTicker(leaseTTL / 4)
+	defer beat.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-beat.C:
+			if _, err := db.HeartbeatLease(ctx, w.deps.Pool, lease.ID, lease.Generation, leaseTTL); errors.Is(err, db.ErrFenced) {
+				stop(errLeaseLost)
+				return
+			}
+			_ = db.HeartbeatRun(ctx, w.deps.Pool, run.ID)
+		case <-poll.C:
+			var cancel bool
+			if err := w.deps.Pool.QueryRow(ctx, `SELECT cancel_requested FROM runs WHERE id = $1`, run.ID).Scan(&cancel); err == nil && cancel {
+				stop(context.Canceled)
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,143 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/riverqueue/river"
+
+	"berth/db"
+	"berth/environment"
+	"berth/workspace"
+)
+
+// FinalizeArgs asks to settle an ended run: commit its work, record work products, release the
+// lease.
+type FinalizeArgs struct {
+	RunID string `json:"run_id"`
+}
+
+// Kind names the job in River.
+func (FinalizeArgs) Kind() string { return "finalize" }
+
+// finalizeAttempts is how often finalize is tried (with River's backoff) before the workspace's
+// finalize state becomes failed.
+const finalizeAttempts = 8
+
+// InsertOpts retries finalize with backoff until it settles.
+func (FinalizeArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{MaxAttempts: finalizeAttempts}
+}
+
+// FinalizeWorker settles a run's workspace. Each step is idempotent: a commit that already
+// happened leaves nothing to commit, work products are recorded once, a released lease is not
+// released again.
+type FinalizeWorker struct {
+	river.WorkerDefaults[FinalizeArgs]
+	runWorker
+}
+
+// Work finalizes the run; on its last attempt a failure marks the workspace's finalize failed.
+func (w *FinalizeWorker) Work(ctx context.Context, job *river.Job[FinalizeArgs]) error {
+	run, err := db.RunForJob(ctx, w.deps.Pool, job.Args.RunID)
+	if err != nil {
+		return err
+	}
+	if run.Live() {
+		return river.JobSnooze(cancelPoll) // the executor is still writing its end
+	}
+	err = w.finalize(ctx, run)
+	if err != nil && job.Attempt >= finalizeAttempts && run.ExecutionWorkspaceID != "" {
+		_ = db.SetFinalizeState(context.WithoutCancel(ctx), w.deps.Pool, run.ExecutionWorkspaceID, "failed")
+	}
+	return err
+}
+
+func (w *FinalizeWorker) finalize(ctx context.Context, run db.Run) error {
+	if run.ExecutionWorkspaceID != "" {
+		ws, err := db.ExecutionWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, run.ExecutionWorkspaceID)
+		if err != nil {
+			return err
+		}
+		if ws.FinalizeState == "settled" && run.LeaseID == "" {
+			return nil
+		}
+		if err := w.collect(ctx, run, ws); err != nil {
+			return err
+		}
+	}
+	if run.LeaseID != "" {
+		if err := w.release(ctx, run); err != nil {
+			return err
+		}
+	}
+	if run.ExecutionWorkspaceID != "" {
+		return db.SetFinalizeState(ctx, w.deps.Pool, run.ExecutionWorkspaceID, "settled")
+	}
+	return nil
+}
+
+// collect commits a worktree's changes on the task branch and records the branch and the commit
+// as work products.
+func (w *FinalizeWorker) collect(ctx context.Context, run db.Run, ws db.ExecutionWorkspace) error {
+	if ws.Strategy != string(workspace.StrategyGitWorktree) {
+		return nil
+	}
+	task, err := db.TaskByID(ctx, w.deps.Pool, run.CompanyID, run.TaskID)
+	if err != nil {
+		return err
+	}
+	root, err := w.workspaceRoot(ws)
+	if err != nil {
+		return err
+	}
+	var res workspace.CommitResult
+	err = w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
+		TaskID: run.TaskID, Phase: "finalize", Command: "git add -A && git commit"}, func(log *environment.LogBuffer) (*int, error) {
+		var err error
+		res, err = w.deps.Workspaces.Commit(ctx, root, workspace.CommitSpec{Branch: ws.Branch, TaskKey: task.Key, RunID: run.ID})
+		if err == nil && res.Changed {
+			fmt.Fprintf(log, "committed %s on %s\n", res.Commit, ws.Branch)
+		} else if err == nil {
+			fmt.Fprintln(log, "nothing to commit")
+		}
+		return nil, err
+	})
+	if err != nil {
+		return err
+	}
+	products := []db.WorkProduct{{Kind: "branch", Ref: ws.Branch, Metadata: map[string]any{"base_commit": ws.BaseCommit}}}
+	if res.Changed {
+		products = append(products, db.WorkProduct{Kind: "commit", Ref: res.Commit, Metadata: map[string]any{"branch": ws.Branch}})
+	}
+	for _, p := range products {
+		p.CompanyID, p.TaskID, p.RunID, p.ExecutionWorkspaceID = run.CompanyID, run.TaskID, run.ID, ws.ID
+		if err := db.AddWorkProduct(ctx, w.deps.Pool, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// release gives the run's lease back; the local driver has nothing to clean up.
+func (w *FinalizeWorker) release(ctx context.Context, run db.Run) error {
+	lease, err := db.LeaseByID(ctx, w.deps.Pool, run.CompanyID, run.LeaseID)
+	if errors.Is(err, db.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if lease.Status == db.LeaseActive || lease.Status == db.LeaseAcquiring {
+		if lease, err = db.ReleaseLease(ctx, w.deps.Pool, lease.ID, lease.Generation, "run "+run.Status); err != nil {
+			return err
+		}
+	}
+	if lease.CleanupStatus == "pending" {
+		if _, err := db.MarkLeaseCleanup(ctx, w.deps.Pool, lease.ID, lease.Generation, true, ""); err != nil {
+			return err
+		}
+	}
+	return nil
+}

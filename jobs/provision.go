@@ -1,0 +1,214 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"berth/db"
+	"berth/environment"
+	"berth/workspace"
+)
+
+// setupTimeout bounds a project workspace's setup command.
+const setupTimeout = 15 * time.Minute
+
+// ProvisionArgs asks to prepare a run's workspace: realize it, lease the environment for it, run
+// the setup command.
+type ProvisionArgs struct {
+	RunID string `json:"run_id"`
+}
+
+// Kind names the job in River.
+func (ProvisionArgs) Kind() string { return "provision" }
+
+// ProvisionWorker prepares a queued run. It is idempotent: a run past preparing is left alone, a
+// realized worktree is reused (the manager finds the task's clean worktree), a lease held for the
+// run is adopted.
+type ProvisionWorker struct {
+	river.WorkerDefaults[ProvisionArgs]
+	runWorker
+}
+
+// Timeout bounds one attempt: realization plus the setup command.
+func (w *ProvisionWorker) Timeout(*river.Job[ProvisionArgs]) time.Duration {
+	return setupTimeout + 15*time.Minute
+}
+
+// Work prepares the run and enqueues execute_run, or ends the run as failed with why.
+func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs]) error {
+	run, err := db.RunForJob(ctx, w.deps.Pool, job.Args.RunID)
+	if errors.Is(err, db.ErrNotFound) {
+		return river.JobCancel(fmt.Errorf("provision: run %s is gone", job.Args.RunID))
+	}
+	if err != nil {
+		return err
+	}
+	if run.Status != db.RunQueued && run.Status != db.RunPreparing {
+		return nil // a retry after the run moved on
+	}
+	if run.CancelRequested {
+		return w.failRun(ctx, run, db.RunCancelled, "cancelled", "The run was cancelled before it started.")
+	}
+	if run, err = db.TransitionRun(ctx, w.deps.Pool, run.ID, []string{db.RunQueued, db.RunPreparing}, db.RunPreparing,
+		db.RunUpdate{NodeID: &w.deps.NodeID}); err != nil {
+		return err
+	}
+	plan, err := planOf(run)
+	if err != nil {
+		return w.failRun(ctx, run, db.RunFailed, codeExecutorFailure, err.Error())
+	}
+	task, err := db.TaskByID(ctx, w.deps.Pool, run.CompanyID, run.TaskID)
+	if err != nil {
+		return w.failRun(ctx, run, db.RunFailed, codeExecutorFailure, "The task is gone.")
+	}
+	pw, err := db.PrimaryProjectWorkspace(ctx, w.deps.Pool, run.CompanyID, task.ProjectID)
+	if err != nil {
+		return w.failRun(ctx, run, db.RunFailed, "configuration_incomplete", "The project has no primary workspace.")
+	}
+
+	ws, err := w.realize(ctx, run, task, pw, plan)
+	if err != nil {
+		return w.failRun(ctx, run, db.RunFailed, codeRealizeFailed, "Preparing the workspace failed: "+err.Error())
+	}
+	if run, err = db.TransitionRun(ctx, w.deps.Pool, run.ID, []string{db.RunPreparing}, db.RunPreparing,
+		db.RunUpdate{ExecutionWorkspaceID: &ws.ID}); err != nil {
+		return err
+	}
+	lease, err := db.AcquireLease(ctx, w.deps.Pool, db.LeaseRequest{CompanyID: run.CompanyID, EnvironmentID: run.EnvironmentID,
+		ExecutionWorkspaceID: ws.ID, TaskID: run.TaskID, RunID: run.ID, TTL: leaseTTL})
+	if errors.Is(err, db.ErrLeaseUnavailable) || errors.Is(err, db.ErrNotFound) {
+		return w.failRun(ctx, run, db.RunFailed, codeEnvironment, "The environment is archived or the workspace is closing.")
+	}
+	if err != nil {
+		return snoozeBusy(err)
+	}
+	if run, err = db.TransitionRun(ctx, w.deps.Pool, run.ID, []string{db.RunPreparing}, db.RunPreparing,
+		db.RunUpdate{LeaseID: &lease.ID}); err != nil {
+		return err
+	}
+
+	if pw.SetupCommand != "" && !job.Args.setupDone(ctx, w.deps.Pool, run.ID) {
+		if err := w.setup(ctx, run, ws, pw, plan); err != nil {
+			return w.failRun(ctx, run, db.RunFailed, codeSetupFailed, "The setup command failed: "+err.Error())
+		}
+	}
+	return db.InTx(ctx, w.deps.Pool, func(tx pgx.Tx) error {
+		if _, err := db.TransitionRun(ctx, tx, run.ID, []string{db.RunPreparing}, db.RunPreparing, db.RunUpdate{}); err != nil {
+			return err
+		}
+		_, err := river.ClientFromContext[pgx.Tx](ctx).InsertTx(ctx, tx, ExecuteRunArgs{RunID: run.ID}, nil)
+		return err
+	})
+}
+
+// setupDone reports whether this run already has a settled setup step (a retry skips it).
+func (ProvisionArgs) setupDone(ctx context.Context, q db.Querier, runID string) bool {
+	var done bool
+	_ = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM workspace_operations WHERE run_id = $1 AND phase = 'setup'
+		AND status = 'succeeded')`, runID).Scan(&done)
+	return done
+}
+
+// realize finds or makes the run's execution workspace and records it ready.
+func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task, pw db.ProjectWorkspace, plan workspace.Plan) (db.ExecutionWorkspace, error) {
+	if run.ExecutionWorkspaceID != "" { // a retry: the first attempt recorded it
+		return db.ExecutionWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, run.ExecutionWorkspaceID)
+	}
+	if plan.ReuseWorkspaceID != "" {
+		return db.ExecutionWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, plan.ReuseWorkspaceID)
+	}
+	var res workspace.Result
+	err := w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, RunID: run.ID, TaskID: run.TaskID,
+		Phase: "realize", Command: "realize " + plan.Strategy}, func(log *environment.LogBuffer) (*int, error) {
+		var err error
+		switch plan.Strategy {
+		case string(workspace.StrategyShared):
+			res, err = w.deps.Workspaces.RealizeShared(ctx, pw.Source)
+		case string(workspace.StrategyCopy):
+			res, err = w.deps.Workspaces.RealizeCopy(ctx, pw.Source)
+		default:
+			err = db.WithSourceLock(ctx, w.deps.Pool, run.CompanyID, pw.Source, func(ctx context.Context) error {
+				var rerr error
+				res, rerr = w.deps.Workspaces.RealizeGitWorktree(ctx, workspace.GitWorktreeSpec{Source: pw.Source,
+					DefaultRef: pw.DefaultRef, TaskKey: task.Key, BranchTemplate: branchTemplate(plan)})
+				return rerr
+			})
+		}
+		if err == nil {
+			fmt.Fprintf(log, "realized %s workspace %s (branch %q, base %s)\n", res.Strategy, res.Ref, res.Branch, res.BaseCommit)
+		}
+		return nil, err
+	})
+	if err != nil {
+		return db.ExecutionWorkspace{}, err
+	}
+	var ws db.ExecutionWorkspace
+	err = db.InTx(ctx, w.deps.Pool, func(tx pgx.Tx) error {
+		var err error
+		ws, err = db.CreateExecutionWorkspace(ctx, tx, db.NewExecutionWorkspace{CompanyID: run.CompanyID, ProjectID: task.ProjectID,
+			ProjectWorkspaceID: pw.ID, SourceTaskID: task.ID, Mode: plan.Mode, Strategy: string(res.Strategy), Trust: task.Trust,
+			Ref: res.Ref, Plan: run.Plan})
+		if err != nil {
+			return err
+		}
+		ws, err = db.MarkExecutionWorkspaceReady(ctx, tx, ws.ID, ws.Generation, db.Realized{Cwd: res.Cwd, BaseRef: res.BaseRef,
+			BaseCommit: res.BaseCommit, Branch: res.Branch, TreeDigest: res.TreeDigest})
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE workspace_operations SET execution_workspace_id = $1 WHERE run_id = $2`, ws.ID, run.ID)
+		return err
+	})
+	return ws, err
+}
+
+// branchTemplate is the branch the plan computed, as a literal template.
+func branchTemplate(plan workspace.Plan) string {
+	if plan.Branch == "" {
+		return ""
+	}
+	return plan.Branch
+}
+
+// setup runs the project workspace's setup command in the workspace, as a ledger step.
+func (w *ProvisionWorker) setup(ctx context.Context, run db.Run, ws db.ExecutionWorkspace, pw db.ProjectWorkspace, plan workspace.Plan) error {
+	if !plan.HostScriptsAllowed {
+		return w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
+			TaskID: run.TaskID, Phase: "setup", Command: pw.SetupCommand}, func(log *environment.LogBuffer) (*int, error) {
+			fmt.Fprintln(log, "skipped: the plan does not allow host setup scripts")
+			return nil, nil
+		})
+	}
+	drv, err := w.driverFor(ctx, run)
+	if err != nil {
+		return err
+	}
+	root, err := w.workspaceRoot(ws)
+	if err != nil {
+		return err
+	}
+	return w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
+		TaskID: run.TaskID, Phase: "setup", Command: pw.SetupCommand}, func(log *environment.LogBuffer) (*int, error) {
+		res, err := drv.Exec(ctx, environment.ExecRequest{Command: pw.SetupCommand, Dir: root, Log: log,
+			Tag: run.ID, Timeout: setupTimeout,
+			Env: map[string]string{"BERTH_TASK_ID": run.TaskID, "BERTH_WORKSPACE_ID": ws.ID}})
+		if err != nil && res.Started.IsZero() {
+			return nil, err
+		}
+		code := res.ExitCode
+		switch {
+		case res.TimedOut:
+			return &code, fmt.Errorf("timed out")
+		case res.Cancelled:
+			return &code, fmt.Errorf("cancelled")
+		case code != 0:
+			return &code, fmt.Errorf("exit status %d", code)
+		}
+		return &code, nil
+	})
+}

@@ -1,0 +1,146 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"berth/db"
+	"berth/environment"
+	"berth/workspace"
+)
+
+// Run jobs: provision → execute_run → finalize. Each reads the run's row first and does only what
+// the row says is still to do, so a retry after a crash adopts what the previous attempt left.
+
+// leaseTTL is how long a run's lease lives without a heartbeat; runs heartbeat every leaseTTL/4.
+const leaseTTL = 2 * time.Minute
+
+// logFlush is how often a running command's log is written to its run row for tailing.
+const logFlush = 500 * time.Millisecond
+
+// errorCode values a failed run records.
+const (
+	codeSetupFailed     = "setup_failed"
+	codeRealizeFailed   = "realize_failed"
+	codeCommandFailed   = "command_failed"
+	codeLeaseLost       = "lease_lost"
+	codeEnvironment     = "environment_unavailable"
+	codeFinalizeFailed  = "finalize_failed"
+	codeOrphaned        = "orphaned"
+	codeExecutorFailure = "executor_failed"
+)
+
+// operation runs step as a ledger entry: written running before, settled after with its log.
+func (w runWorker) operation(ctx context.Context, n db.NewOperation, step func(log *environment.LogBuffer) (exit *int, err error)) error {
+	n.NodeID = w.deps.NodeID
+	op, err := db.StartOperation(ctx, w.deps.Pool, n)
+	if err != nil {
+		return err
+	}
+	log := environment.NewLogBuffer(environment.LogOptions{Limit: 256 << 10})
+	exit, stepErr := step(log)
+	res := db.OperationResult{Status: "succeeded", ExitCode: exit, Log: log.Bytes(), LogBytes: log.Total(),
+		LogSHA256: log.SHA256(), LogTruncated: log.Truncated()}
+	if stepErr != nil {
+		res.Status, res.Error = "failed", stepErr.Error()
+	}
+	if err := db.FinishOperation(context.WithoutCancel(ctx), w.deps.Pool, op.ID, res); err != nil {
+		return errors.Join(stepErr, err)
+	}
+	return stepErr
+}
+
+// runWorker is what the three run jobs share.
+type runWorker struct {
+	deps Deps
+}
+
+// failRun ends a live run as failed with a code and a message, enqueuing finalize so the lease is
+// released and the workspace settled.
+func (w runWorker) failRun(ctx context.Context, run db.Run, status, code, msg string) error {
+	return db.InTx(ctx, w.deps.Pool, func(tx pgx.Tx) error {
+		_, err := db.TransitionRun(ctx, tx, run.ID, db.LiveRunStatuses, status,
+			db.RunUpdate{ErrorCode: &code, ErrorMessage: &msg, Finished: true})
+		if errors.Is(err, db.ErrRunState) {
+			return nil // already ended: nothing to do
+		}
+		if err != nil {
+			return err
+		}
+		return w.enqueueFinalize(ctx, tx, run)
+	})
+}
+
+// enqueueFinalize marks the workspace's finalize pending and enqueues finalize in tx.
+func (w runWorker) enqueueFinalize(ctx context.Context, tx pgx.Tx, run db.Run) error {
+	if run.ExecutionWorkspaceID != "" {
+		if err := db.SetFinalizeState(ctx, tx, run.ExecutionWorkspaceID, "pending"); err != nil {
+			return err
+		}
+	}
+	_, err := river.ClientFromContext[pgx.Tx](ctx).InsertTx(ctx, tx, FinalizeArgs{RunID: run.ID}, nil)
+	return err
+}
+
+// driverFor builds the driver of a run's environment.
+func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Driver, error) {
+	env, err := db.EnvironmentByID(ctx, w.deps.Pool, run.CompanyID, run.EnvironmentID)
+	if err != nil {
+		return nil, fmt.Errorf("run environment: %w", err)
+	}
+	cfg, err := environment.Load(env.Driver, env.Config)
+	if err != nil {
+		return nil, err
+	}
+	var sec environment.Secrets
+	if len(env.Secrets) > 0 {
+		if w.deps.Secrets == nil {
+			return nil, fmt.Errorf("run environment: no key to open its secrets")
+		}
+		b, err := w.deps.Secrets.Open(env.Secrets, environment.SecretsAAD(env.ID))
+		if err != nil {
+			return nil, fmt.Errorf("run environment: its secrets do not open with this server's key")
+		}
+		if err := json.Unmarshal(b, &sec); err != nil {
+			return nil, fmt.Errorf("run environment: its secrets are unreadable")
+		}
+	}
+	opts := environment.Options{NodeID: w.deps.NodeID, Secrets: sec}
+	if w.deps.HomeDir != "" {
+		opts.Home = filepath.Join(w.deps.HomeDir, env.ID)
+		if err := os.MkdirAll(opts.Home, 0o700); err != nil {
+			return nil, fmt.Errorf("run environment: home: %w", err)
+		}
+	}
+	return environment.New(cfg, opts)
+}
+
+// snoozeBusy turns a busy lease into a later retry that does not count as a failure.
+func snoozeBusy(err error) error {
+	if errors.Is(err, db.ErrLeaseBusy) {
+		return river.JobSnooze(2 * time.Second)
+	}
+	return err
+}
+
+// workspaceRoot is the absolute root of a run's workspace on this node.
+func (w runWorker) workspaceRoot(ws db.ExecutionWorkspace) (string, error) {
+	return w.deps.Workspaces.Root(ws.Ref)
+}
+
+// planOf decodes the plan a run was admitted with.
+func planOf(run db.Run) (workspace.Plan, error) {
+	var p workspace.Plan
+	if err := json.Unmarshal(run.Plan, &p); err != nil {
+		return p, fmt.Errorf("run plan: %w", err)
+	}
+	return p, nil
+}
