@@ -262,6 +262,17 @@ func validateProjectWorkspace(ctx context.Context, f db.ProjectWorkspaceFields, 
 	return f, nil
 }
 
+// sourceAllowed keeps tenants out of the host's filesystem: a local source (a path or a file://
+// URL) must lie inside one of the configured source roots (BERTH_SOURCE_ROOTS), unless an
+// instance administrator, who owns the host, sets it.
+func (s *Server) sourceAllowed(a access, f db.ProjectWorkspaceFields) error {
+	if !workspace.SourceIsLocal(f.SourceType, f.Source) || a.Admin || workspace.SourceWithin(f.Source, s.sourceRoots) {
+		return nil
+	}
+	return invalid(map[string]string{"source": "Local paths outside the allowed source roots can only be set by an " +
+		"instance administrator; use a git URL, or ask an administrator to add the path."})
+}
+
 // projectWorkspaceParent loads a workspace's project and refuses changes when it is archived.
 func projectWorkspaceParent(ctx context.Context, q db.Querier, companyID, projectID string) (db.Project, error) {
 	proj, err := db.ProjectByID(ctx, q, companyID, projectID)
@@ -296,6 +307,9 @@ func (s *Server) createProjectWorkspace(ctx context.Context, r *http.Request, a 
 	f, err := validateProjectWorkspace(ctx, db.ProjectWorkspaceFields{Name: in.Name, SourceType: in.SourceType,
 		Source: in.Source, DefaultRef: in.DefaultRef, SetupCommand: in.SetupCommand, CleanupCommand: in.CleanupCommand},
 		in.Services, true)
+	if err == nil {
+		err = s.sourceAllowed(a, f)
+	}
 	if err != nil {
 		return db.ProjectWorkspace{}, err
 	}
@@ -364,6 +378,9 @@ func (s *Server) updateProjectWorkspace(ctx context.Context, r *http.Request, a 
 	sourceChanged := next.SourceType != cur.SourceType || strings.TrimSpace(next.Source) != cur.Source ||
 		strings.TrimSpace(next.DefaultRef) != cur.DefaultRef
 	f, err := validateProjectWorkspace(ctx, next, services, sourceChanged)
+	if err == nil && sourceChanged {
+		err = s.sourceAllowed(a, f)
+	}
 	if err != nil {
 		return db.ProjectWorkspace{}, err
 	}

@@ -36,7 +36,10 @@ type Deps struct {
 	Log     *slog.Logger
 	BaseURL *url.URL   // the URL people use to reach Berth; https turns on Secure cookies
 	Secrets *db.Sealer // seals environment secrets at rest
-	Version string
+	// SourceRoots are the host directories under which board members may point local project
+	// workspace sources; instance admins may use any path.
+	SourceRoots []string
+	Version     string
 	// LoginLimit bounds failed sign-ins per account and per address within LoginWindow;
 	// zero values take the defaults.
 	LoginLimit LoginLimit
@@ -51,18 +54,19 @@ type LoginLimit struct {
 
 // Server holds the dependencies every handler uses.
 type Server struct {
-	pool     *pgxpool.Pool
-	jobs     *river.Client[pgx.Tx]
-	assets   Assets
-	log      *slog.Logger
-	baseURL  *url.URL
-	secrets  *db.Sealer
-	version  string
-	limit    LoginLimit
-	sessions *scs.SessionManager
-	cop      *http.CrossOriginProtection
-	handler  http.Handler
-	stopUI   context.CancelFunc
+	pool        *pgxpool.Pool
+	jobs        *river.Client[pgx.Tx]
+	assets      Assets
+	log         *slog.Logger
+	baseURL     *url.URL
+	secrets     *db.Sealer
+	sourceRoots []string
+	version     string
+	limit       LoginLimit
+	sessions    *scs.SessionManager
+	cop         *http.CrossOriginProtection
+	handler     http.Handler
+	stopUI      context.CancelFunc
 }
 
 // New builds the server and its route table.
@@ -71,14 +75,15 @@ func New(d Deps) (*Server, error) {
 		return nil, fmt.Errorf("handlers: pool, assets, log, base URL and secrets are required")
 	}
 	s := &Server{
-		pool:    d.Pool,
-		jobs:    d.Jobs,
-		assets:  d.Assets,
-		log:     d.Log,
-		baseURL: d.BaseURL,
-		secrets: d.Secrets,
-		version: d.Version,
-		limit:   d.LoginLimit,
+		pool:        d.Pool,
+		jobs:        d.Jobs,
+		assets:      d.Assets,
+		log:         d.Log,
+		baseURL:     d.BaseURL,
+		secrets:     d.Secrets,
+		sourceRoots: d.SourceRoots,
+		version:     d.Version,
+		limit:       d.LoginLimit,
 	}
 	if s.limit.PerAccount <= 0 {
 		s.limit.PerAccount = 5

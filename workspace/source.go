@@ -385,3 +385,30 @@ func sourceGitEnv(dir string) []string {
 		"LC_ALL=C",
 	}
 }
+
+// SourceIsLocal reports whether a project workspace source names this host's filesystem: a
+// directory, a git repository by absolute path, or a file:// URL.
+func SourceIsLocal(sourceType, source string) bool {
+	return sourceType == "directory" || strings.HasPrefix(source, "/") || strings.HasPrefix(source, "file://")
+}
+
+// SourceWithin reports whether a local source lies inside one of roots, judged on the real path
+// (symlinks resolved), so a link inside an allowed root cannot point a source at the rest of the
+// host. A source that does not resolve is outside.
+func SourceWithin(source string, roots []string) bool {
+	p := strings.TrimPrefix(source, "file://")
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return false
+	}
+	for _, root := range roots {
+		r, err := filepath.EvalSymlinks(root)
+		if err != nil || !filepath.IsAbs(r) {
+			continue
+		}
+		if rel, err := filepath.Rel(r, real); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return true
+		}
+	}
+	return false
+}

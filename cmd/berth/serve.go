@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"berth/db"
@@ -114,7 +115,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, Log: log, BaseURL: c.BaseURL, Version: version})
+	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Log: log, BaseURL: c.BaseURL, Version: version})
 	if err != nil {
 		return err
 	}
@@ -171,4 +172,16 @@ func nodeID() string {
 		return "node"
 	}
 	return h
+}
+
+// sourceRoots reads BERTH_SOURCE_ROOTS: colon-separated absolute directories under which board
+// members may point local project workspace sources.
+func sourceRoots(getenv func(string) string) []string {
+	var roots []string
+	for _, r := range strings.Split(getenv("BERTH_SOURCE_ROOTS"), ":") {
+		if r = strings.TrimSpace(r); filepath.IsAbs(r) {
+			roots = append(roots, filepath.Clean(r))
+		}
+	}
+	return roots
 }
