@@ -52,3 +52,20 @@ func TaskLocalProjectWorkspaces(ctx context.Context, q Querier, companyID, taskI
 	}
 	return list, nil
 }
+
+// TaskReadableExecutionWorkspaces lists the execution workspaces whose files a task's readers may
+// browse: ready workspaces the task made or is bound to, newest first (at most 5). Closed
+// workspaces are gone from disk, so they are not listed.
+func TaskReadableExecutionWorkspaces(ctx context.Context, q Querier, companyID, taskID string) ([]ExecutionWorkspace, error) {
+	if !validUUID(companyID) || !validUUID(taskID) {
+		return nil, ErrNotFound
+	}
+	rows, err := q.Query(ctx, `SELECT `+executionWorkspaceColumns+` FROM execution_workspaces
+		WHERE company_id = $1 AND status = 'ready'
+		  AND (source_task_id = $2 OR id IN (SELECT execution_workspace_id FROM task_workspace_bindings WHERE task_id = $2))
+		ORDER BY created_at DESC, id DESC LIMIT 5`, companyID, taskID)
+	if err != nil {
+		return nil, fmt.Errorf("readable workspaces of task %s: %w", taskID, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ExecutionWorkspace, error) { return scanExecutionWorkspace(r) })
+}

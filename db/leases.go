@@ -96,11 +96,13 @@ type Lease struct {
 	ReleasedAt      *time.Time
 	CleanupStatus   string
 	CleanupAttempts int
-	// FailureReason is why the lease ended (the release or failure reason, "expired", a force
-	// release), replaced by the cleanup error when a cleanup attempt fails.
+	// FailureReason is why the lease ended (the release or failure reason, expiry, a force
+	// release), replaced by the error of the latest failed cleanup attempt, which a later
+	// successful attempt leaves in place.
 	FailureReason string
 	CreatedAt     time.Time
-	// ReadAt is the database clock when the row was read, so ages need no application clock.
+	// ReadAt is the database clock when the statement that read the row started, never earlier
+	// than a heartbeat it can see, so ages need no application clock.
 	ReadAt time.Time
 }
 
@@ -125,7 +127,7 @@ func (l Lease) Cursor() LeaseCursor { return LeaseCursor{CreatedAt: l.CreatedAt,
 const leaseColumns = `l.id, l.company_id, coalesce(l.environment_id::text, ''),
 	coalesce(l.execution_workspace_id::text, ''), coalesce(l.task_id::text, ''), coalesce(l.run_id::text, ''),
 	l.status, l.generation, l.provider_ref, l.acquired_at, l.heartbeat_at, l.expires_at, l.released_at,
-	l.cleanup_status, l.cleanup_attempts, l.failure_reason, l.created_at, now()`
+	l.cleanup_status, l.cleanup_attempts, l.failure_reason, l.created_at, statement_timestamp()`
 
 func scanLease(row pgx.Row) (Lease, error) {
 	var l Lease

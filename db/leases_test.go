@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"berth/db"
@@ -760,5 +761,82 @@ func TestListLeases(t *testing.T) {
 	}
 	if _, err := db.ListLeases(ctx, f.pool, f.company, db.LeaseFilter{EnvironmentID: "nope"}); !errors.Is(err, db.ErrInvalidID) {
 		t.Fatalf("malformed environment filter: %v, want ErrInvalidID", err)
+	}
+}
+
+// TestLeaseAcquireWaitsForArchiveAndClose: an acquisition that meets an environment being archived
+// (locked by LockEnvironment) or a workspace being closed (a status update in flight) waits for
+// that transaction and then sees its outcome, so no lease is granted on an archived environment
+// or a closing workspace however the two interleave.
+func TestLeaseAcquireWaitsForArchiveAndClose(t *testing.T) {
+	t.Parallel()
+	f := setupLeases(t, 2, 2, 1)
+	cases := []struct {
+		name  string
+		req   db.LeaseRequest
+		begin func(ctx context.Context, tx pgx.Tx) error // takes the lock and changes the status
+	}{
+		{"archive", f.request(1, 0, 0), func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := db.LockEnvironment(ctx, tx, f.company, f.envs[1]); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE environments SET status = 'archived' WHERE id = $1`, f.envs[1])
+			return err
+		}},
+		{"close", f.request(0, 1, 0), func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE execution_workspaces SET status = 'closing' WHERE id = $1`, f.ws[1])
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			tx, err := f.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+			if err := tc.begin(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			var holder int
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := db.AcquireLease(ctx, f.pool, tc.req)
+				done <- err
+			}()
+			// Wait until the acquisition is blocked behind the open transaction.
+			for {
+				var blocked bool
+				if err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+					WHERE $1 = ANY (pg_blocking_pids(pid)) AND query LIKE 'INSERT INTO environment_leases%')`,
+					holder).Scan(&blocked); err != nil {
+					t.Fatalf("waiting for the acquisition to block: %v", err)
+				}
+				if blocked {
+					break
+				}
+				select {
+				case err := <-done:
+					t.Fatalf("acquisition did not wait for the open transaction: %v", err)
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if !errors.Is(err, db.ErrLeaseUnavailable) {
+					t.Fatalf("acquire after the change committed: %v, want ErrLeaseUnavailable", err)
+				}
+			case <-ctx.Done():
+				t.Fatal("acquisition still blocked after the commit")
+			}
+		})
 	}
 }

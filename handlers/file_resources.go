@@ -42,8 +42,9 @@ const (
 	fileRateBurst  = 120
 	fileRateWindow = time.Minute
 
-	projectWorkspaceRootPrefix = "project-workspace:"
-	maxAuditPathBytes          = 1024
+	projectWorkspaceRootPrefix   = "project-workspace:"
+	executionWorkspaceRootPrefix = "execution-workspace:"
+	maxAuditPathBytes            = 1024
 )
 
 // newFileRateLimiter is the per-user limiter the file-resource routes share.
@@ -75,11 +76,29 @@ type taskFiles struct {
 
 // loadTaskFiles loads the roots the task may read (company-filtered) and builds the resolver over them.
 func (s *Server) loadTaskFiles(ctx context.Context, a access, taskID string) (taskFiles, error) {
+	var tf taskFiles
+	execs, err := db.TaskReadableExecutionWorkspaces(ctx, s.pool, a.Company.ID, taskID)
+	if err != nil {
+		return taskFiles{}, err
+	}
+	for _, w := range execs {
+		if s.workspaces == nil {
+			break
+		}
+		dir, err := s.workspaces.Root(w.Ref)
+		if err != nil {
+			continue // not on this node's disk, or gone
+		}
+		tf.roots = append(tf.roots, fileRoot{Name: executionWorkspaceRootPrefix + w.ID, Kind: "execution_workspace",
+			Label: "execution workspace " + w.Ref[:11] + " (" + w.Strategy + ")", dir: dir})
+	}
 	local, err := db.TaskLocalProjectWorkspaces(ctx, s.pool, a.Company.ID, taskID)
 	if err != nil {
 		return taskFiles{}, err
 	}
-	var tf taskFiles
+	if !a.canManage() {
+		local = nil // DESIGN §8: board members may also read their project's local workspace roots
+	}
 	for _, w := range local {
 		tf.roots = append(tf.roots, fileRoot{Name: projectWorkspaceRootPrefix + w.ID, Kind: "project_workspace",
 			Label: projectWorkspaceRootLabel(w), dir: w.Dir})

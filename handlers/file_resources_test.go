@@ -289,7 +289,7 @@ func TestFileResourcesPagination(t *testing.T) {
 		if cursor != "" {
 			q.Set("cursor", cursor)
 		}
-		r := w.get(t, "", w.r.Viewer, "list", q)
+		r := w.get(t, "", w.r.Board, "list", q)
 		out := r.json(t)
 		if r.Status != http.StatusOK {
 			t.Fatalf("page %d = %d %v", pages, r.Status, out)
@@ -316,15 +316,15 @@ func TestFileResourcesPagination(t *testing.T) {
 		t.Fatalf("%d pages, %d names; first %v", pages, len(all), all[:min(3, len(all))])
 	}
 
-	out := w.get(t, "", w.r.Viewer, "list", url.Values{"path": {"many"}, "limit": {"20"}}).json(t)
+	out := w.get(t, "", w.r.Board, "list", url.Values{"path": {"many"}, "limit": {"20"}}).json(t)
 	if names := fileNames(t, out); len(names) != 20 || names[19] != "f019.txt" || out["next_cursor"] == "" {
 		t.Fatalf("limit 20 = %d names, cursor %v", len(names), out["next_cursor"])
 	}
-	if names := fileNames(t, w.get(t, "", w.r.Viewer, "list", url.Values{"path": {"many"}, "limit": {"200"}}).json(t)); len(names) != 100 {
+	if names := fileNames(t, w.get(t, "", w.r.Board, "list", url.Values{"path": {"many"}, "limit": {"200"}}).json(t)); len(names) != 100 {
 		t.Fatalf("limit 200 = %d names, want the cap of 100", len(names))
 	}
 	for _, q := range []url.Values{{"limit": {"0"}}, {"limit": {"201"}}, {"limit": {"x"}}, {"cursor": {"%%%"}}} {
-		if r := w.get(t, "", w.r.Viewer, "list", q); r.Status != http.StatusBadRequest {
+		if r := w.get(t, "", w.r.Board, "list", q); r.Status != http.StatusBadRequest {
 			t.Fatalf("list %v = %d %s", q, r.Status, r.Body)
 		}
 	}
@@ -372,7 +372,7 @@ func TestFileResourcesRefusals(t *testing.T) {
 	}
 	audited := 0
 	for _, c := range cases {
-		r := w.get(t, "", w.r.Viewer, c.route, c.q)
+		r := w.get(t, "", w.r.Board, c.route, c.q)
 		out := r.json(t)
 		if r.Status != c.status || fileCode(out) != c.code {
 			t.Errorf("%s %v = %d %s, want %d %s", c.route, c.q, r.Status, r.Body, c.status, c.code)
@@ -393,7 +393,7 @@ func TestFileResourcesRefusals(t *testing.T) {
 		if n := w.e.count(`SELECT count(*) FROM audit_events WHERE action = 'file_resource.denied' AND company_id = $1
 			AND target_type = 'task' AND target_id = $2 AND actor_id = $3 AND details->>'root' = $4
 			AND details->>'path' = $5 AND details->>'reason' = $6 AND details->>'operation' = $7`,
-			w.r.A.ID, w.TaskID, w.r.Viewer.User.ID, root, c.q.Get("path"), c.code, op); n != 1 {
+			w.r.A.ID, w.TaskID, w.r.Board.User.ID, root, c.q.Get("path"), c.code, op); n != 1 {
 			t.Errorf("%s %v: %d matching audit events, want 1", c.route, c.q, n)
 		}
 	}
@@ -416,14 +416,22 @@ func TestFileResourcesRefusals(t *testing.T) {
 func TestFileResourcesRoleMatrix(t *testing.T) {
 	t.Parallel()
 	w := newFileWorld(t)
-	for name, a := range map[string]actor{"board": w.r.Board, "viewer": w.r.Viewer, "admin": w.r.Admin} {
-		for _, route := range []string{"roots", "list"} {
-			if r := w.get(t, "", a, route, nil); r.Status != http.StatusOK {
-				t.Errorf("%s %s = %d %s", name, route, r.Status, r.Body)
-			}
+	// Board members read their project's local workspace roots (DESIGN §8); viewers and instance
+	// admins who are not board members read only execution workspaces, which this task has none of.
+	for _, route := range []string{"roots", "list"} {
+		if r := w.get(t, "", w.r.Board, route, nil); r.Status != http.StatusOK {
+			t.Errorf("board %s = %d %s", route, r.Status, r.Body)
 		}
-		if r := w.get(t, "", a, "content", url.Values{"path": {"README.md"}}); r.Status != http.StatusOK {
-			t.Errorf("%s content = %d %s", name, r.Status, r.Body)
+	}
+	if r := w.get(t, "", w.r.Board, "content", url.Values{"path": {"README.md"}}); r.Status != http.StatusOK {
+		t.Errorf("board content = %d %s", r.Status, r.Body)
+	}
+	for name, a := range map[string]actor{"viewer": w.r.Viewer, "admin": w.r.Admin} {
+		if r := w.get(t, "", a, "list", nil); r.Status != http.StatusNotFound {
+			t.Errorf("%s list of project roots = %d, want 404", name, r.Status)
+		}
+		if r := w.get(t, "", a, "roots", nil); r.Status != http.StatusOK || len(r.json(t)["items"].([]any)) != 0 {
+			t.Errorf("%s roots = %d %s, want an empty list", name, r.Status, r.Body)
 		}
 	}
 	for _, route := range []string{"roots", "list", "content?path=README.md"} {
@@ -508,23 +516,24 @@ func TestFileResourcesRateLimit(t *testing.T) {
 	ts := httptest.NewServer(e.srv.middleware(mux))
 	t.Cleanup(ts.Close)
 
+	first := e.actorWith("board2@acme.test", false, w.r.A.ID, "board")
 	readme := url.Values{"path": {"README.md"}}
 	for i, route := range []string{"list", "content", "list"} {
 		q := url.Values{}
 		if route == "content" {
 			q = readme
 		}
-		if r := w.get(t, ts.URL, w.r.Viewer, route, q); r.Status != http.StatusOK {
+		if r := w.get(t, ts.URL, first, route, q); r.Status != http.StatusOK {
 			t.Fatalf("read %d = %d %s", i+1, r.Status, r.Body)
 		}
 	}
-	r := w.get(t, ts.URL, w.r.Viewer, "content", readme)
+	r := w.get(t, ts.URL, first, "content", readme)
 	if r.Status != http.StatusTooManyRequests || fileCode(r.json(t)) != "rate_limited" || r.Header.Get("Retry-After") != "20" {
 		t.Fatalf("fourth read = %d Retry-After %q %s", r.Status, r.Header.Get("Retry-After"), r.Body)
 	}
 	if n := e.count(`SELECT count(*) FROM audit_events WHERE action = 'file_resource.denied' AND target_id = $1
 		AND actor_id = $2 AND details->>'reason' = 'rate_limited' AND details->>'path' = 'README.md'
-		AND details->>'root' = $3`, w.TaskID, w.r.Viewer.User.ID, w.DirRoot); n != 1 {
+		AND details->>'root' = $3`, w.TaskID, first.User.ID, w.DirRoot); n != 1 {
 		t.Fatalf("rate-limit denial events = %d", n)
 	}
 	if r := w.get(t, ts.URL, w.r.Board, "list", nil); r.Status != http.StatusOK {
@@ -532,11 +541,11 @@ func TestFileResourcesRateLimit(t *testing.T) {
 	}
 
 	clock.advance(19 * time.Second)
-	if r := w.get(t, ts.URL, w.r.Viewer, "list", nil); r.Status != http.StatusTooManyRequests || r.Header.Get("Retry-After") != "1" {
+	if r := w.get(t, ts.URL, first, "list", nil); r.Status != http.StatusTooManyRequests || r.Header.Get("Retry-After") != "1" {
 		t.Fatalf("after 19 s = %d Retry-After %q", r.Status, r.Header.Get("Retry-After"))
 	}
 	clock.advance(time.Second)
-	if r := w.get(t, ts.URL, w.r.Viewer, "list", nil); r.Status != http.StatusOK {
+	if r := w.get(t, ts.URL, first, "list", nil); r.Status != http.StatusOK {
 		t.Fatalf("after 20 s = %d %s", r.Status, r.Body)
 	}
 
@@ -656,7 +665,7 @@ func TestFileAttachmentDisposition(t *testing.T) {
 func TestFileBrowserPanel(t *testing.T) {
 	t.Parallel()
 	w := newFileWorld(t)
-	c := w.e.browser(w.r.Viewer)
+	c := w.e.browser(w.r.Board)
 	base := "/tasks/" + w.TaskID + "/files"
 	rootList := base + "?" + url.Values{"root": {w.DirRoot}}.Encode()
 
@@ -742,7 +751,7 @@ func TestFileBrowserPanel(t *testing.T) {
 		}
 		fileNoInline(t, body)
 	}
-	if n := w.e.count(`SELECT count(*) FROM audit_events WHERE action = 'file_resource.denied' AND actor_id = $1`, w.r.Viewer.User.ID); n != 4 {
+	if n := w.e.count(`SELECT count(*) FROM audit_events WHERE action = 'file_resource.denied' AND actor_id = $1`, w.r.Board.User.ID); n != 4 {
 		t.Fatalf("panel denial events = %d, want 4 (two 403s, each as htmx and as a page)", n)
 	}
 

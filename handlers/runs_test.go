@@ -50,6 +50,7 @@ func setupRuns(t *testing.T) *runEnv {
 			_ = client.Stop(ctx)
 		})
 		d.Jobs = client
+		d.Workspaces = mgr
 	})
 	re := &runEnv{testEnv: e, r: e.roles(), repo: t.TempDir()}
 	git := func(args ...string) {
@@ -203,6 +204,16 @@ func TestRunHappyPath(t *testing.T) {
 		FROM workspace_operations WHERE run_id = $1`, id).Scan(&phases)
 	if phases != "realize:succeeded,setup:succeeded,finalize:succeeded" {
 		t.Fatalf("operations = %s", phases)
+	}
+	// A viewer browses the run's execution workspace (not the project's own directories).
+	code, roots := re.call(re.r.Viewer, http.MethodGet, "/api/tasks/"+task.ID+"/file-resources/roots", nil)
+	items, _ := roots["items"].([]any)
+	if code != http.StatusOK || len(items) != 1 || !strings.HasPrefix(items[0].(map[string]any)["name"].(string), "execution-workspace:") {
+		t.Fatalf("viewer roots = %d %v", code, roots)
+	}
+	code, content := re.call(re.r.Viewer, http.MethodGet, "/api/tasks/"+task.ID+"/file-resources/content?path=result.txt", nil)
+	if code != http.StatusOK || content["content"] != "work\n" {
+		t.Fatalf("viewer reads result.txt = %d %v", code, content)
 	}
 	// The run page shows the log to a viewer.
 	resp := re.do(re.browser(re.r.Viewer), http.MethodGet, "/runs/"+id, nil, nil)

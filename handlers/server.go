@@ -20,6 +20,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"berth/db"
+	"berth/workspace"
 )
 
 // Assets is the front-end file set the pages link to.
@@ -36,6 +37,9 @@ type Deps struct {
 	Log     *slog.Logger
 	BaseURL *url.URL   // the URL people use to reach Berth; https turns on Secure cookies
 	Secrets *db.Sealer // seals environment secrets at rest
+	// Workspaces maps execution workspace refs to this node's directories, for the file browser;
+	// nil means execution workspaces are not readable here.
+	Workspaces *workspace.Manager
 	// SourceRoots are the host directories under which board members may point local project
 	// workspace sources; instance admins may use any path.
 	SourceRoots []string
@@ -61,6 +65,7 @@ type Server struct {
 	baseURL     *url.URL
 	secrets     *db.Sealer
 	sourceRoots []string
+	workspaces  *workspace.Manager
 	version     string
 	limit       LoginLimit
 	sessions    *scs.SessionManager
@@ -82,6 +87,7 @@ func New(d Deps) (*Server, error) {
 		baseURL:     d.BaseURL,
 		secrets:     d.Secrets,
 		sourceRoots: d.SourceRoots,
+		workspaces:  d.Workspaces,
 		version:     d.Version,
 		limit:       d.LoginLimit,
 	}
