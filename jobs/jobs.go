@@ -71,14 +71,10 @@ type ClientOptions struct {
 	MaxWorkers int
 }
 
-// NewClient builds the River client, tuned for low pickup latency: a 5 ms fetch cooldown and a
-// 50 ms poll interval on top of LISTEN/NOTIFY (see docs/jobs.md for the measured effect).
-func NewClient(d Deps, opts ClientOptions) (*river.Client[pgx.Tx], error) {
-	workers, err := Workers(d)
-	if err != nil {
-		return nil, err
-	}
-	cfg := &river.Config{
+// tunedConfig is the client configuration every Berth process uses: a 5 ms fetch cooldown and a
+// 50 ms poll interval on top of LISTEN/NOTIFY, for low pickup latency (docs/jobs.md).
+func tunedConfig(d Deps, workers *river.Workers) *river.Config {
+	return &river.Config{
 		Logger:            d.Log.With("component", "river"),
 		Workers:           workers,
 		FetchCooldown:     5 * time.Millisecond,
@@ -86,6 +82,16 @@ func NewClient(d Deps, opts ClientOptions) (*river.Client[pgx.Tx], error) {
 		JobTimeout:        10 * time.Minute,
 		MaxAttempts:       10,
 	}
+}
+
+// NewClient builds the River client, tuned for low pickup latency: a 5 ms fetch cooldown and a
+// 50 ms poll interval on top of LISTEN/NOTIFY (see docs/jobs.md for the measured effect).
+func NewClient(d Deps, opts ClientOptions) (*river.Client[pgx.Tx], error) {
+	workers, err := Workers(d)
+	if err != nil {
+		return nil, err
+	}
+	cfg := tunedConfig(d, workers)
 	if opts.Work {
 		cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: max(opts.MaxWorkers, 1)}}
 		cfg.PeriodicJobs = PeriodicJobs()

@@ -1,0 +1,73 @@
+package jobs
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"berth/db/dbtest"
+)
+
+// pingArgs is a no-op job for measuring pickup latency.
+type pingArgs struct {
+	Enqueued time.Time `json:"enqueued"`
+}
+
+func (pingArgs) Kind() string { return "bench_ping" }
+
+type pingWorker struct {
+	river.WorkerDefaults[pingArgs]
+	picked chan time.Duration
+}
+
+func (w *pingWorker) Work(ctx context.Context, job *river.Job[pingArgs]) error {
+	w.picked <- time.Since(job.Args.Enqueued)
+	return nil
+}
+
+// BenchmarkRiverPickup measures the time from committing an insert to a worker starting the job,
+// with the client tuned exactly as NewClient tunes it (FetchCooldown, FetchPollInterval).
+func BenchmarkRiverPickup(b *testing.B) {
+	ctx := context.Background()
+	pool := dbtest.New(b)
+	w := &pingWorker{picked: make(chan time.Duration, 1)}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, w)
+	cfg := tunedConfig(Deps{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, workers)
+	cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}}
+	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := client.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = client.Stop(stopCtx)
+	})
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := client.Insert(ctx, pingArgs{Enqueued: time.Now()}, nil); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case d := <-w.picked:
+			lat = append(lat, d)
+		case <-time.After(10 * time.Second):
+			b.Fatal("job not picked up within 10 s")
+		}
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
