@@ -27,7 +27,7 @@ type runEnv struct {
 	project string
 }
 
-func setupRuns(t *testing.T) *runEnv {
+func setupRuns(t testing.TB) *runEnv {
 	t.Helper()
 	dataDir := t.TempDir()
 	e := setup(t, func(d *Deps) {

@@ -1,0 +1,130 @@
+package handlers
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"berth/db"
+)
+
+// admissionLatency admits a run for each task and returns, per run, the time from admission
+// (created_at) to the command's start (started_at), both on the database clock.
+func admissionLatency(b *testing.B, re *runEnv, tasks []db.Task) []time.Duration {
+	b.Helper()
+	lat := make([]time.Duration, 0, len(tasks))
+	for _, t := range tasks {
+		code, out := re.call(re.r.Board, http.MethodPost, "/api/tasks/"+t.ID+"/runs", nil)
+		if code != http.StatusAccepted {
+			b.Fatalf("start run = %d %v", code, out)
+		}
+		id := out["id"].(string)
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			var (
+				status string
+				d      *float64
+			)
+			if err := re.pool.QueryRow(context.Background(), `SELECT status,
+					extract(epoch FROM started_at - created_at)::float8 FROM runs WHERE id = $1`, id).Scan(&status, &d); err != nil {
+				b.Fatal(err)
+			}
+			if d != nil && (status == "succeeded" || status == "failed") {
+				lat = append(lat, time.Duration(*d*float64(time.Second)))
+				break
+			}
+			if status == "failed" && d == nil {
+				b.Fatalf("run %s failed before its command started", id)
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("run %s did not finish", id)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	return lat
+}
+
+func reportPercentiles(b *testing.B, lat []time.Duration, prefix string) time.Duration {
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	p50 := lat[len(lat)/2]
+	b.ReportMetric(float64(p50.Microseconds())/1000, prefix+"p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, prefix+"p99-ms")
+	return p50
+}
+
+// BenchmarkAdmissionToStartShared measures admission → command start for a shared workspace
+// (no realization: the project directory itself).
+func BenchmarkAdmissionToStartShared(b *testing.B) {
+	re := setupRuns(b)
+	re.workspaceWith("")
+	if _, err := re.pool.Exec(context.Background(), `UPDATE projects SET execution_policy = execution_policy || '{"default_mode":"shared"}'`); err != nil {
+		b.Fatal(err)
+	}
+	tasks := make([]db.Task, b.N)
+	for i := range tasks {
+		tasks[i] = re.task("true")
+	}
+	b.ResetTimer()
+	lat := admissionLatency(b, re, tasks)
+	b.StopTimer()
+	reportPercentiles(b, lat, "")
+}
+
+// BenchmarkAdmissionToStartWorktree measures admission → command start for an isolated git
+// worktree of a large repository (BERTH_BENCH_FILES files, default 20,000) against a bare
+// `git worktree add` of the same repository in the same run; it reports both and their ratio.
+func BenchmarkAdmissionToStartWorktree(b *testing.B) {
+	files := 20000
+	if v, err := strconv.Atoi(os.Getenv("BERTH_BENCH_FILES")); err == nil && v > 0 {
+		files = v
+	}
+	re := setupRuns(b)
+	for i := 0; i < files; i++ {
+		dir := filepath.Join(re.repo, fmt.Sprintf("d%03d", i%500))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%05d.txt", i)), []byte(fmt.Sprintf("file %d\n", i)), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	gitIn := func(dir string, args ...string) {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	gitIn(re.repo, "add", "-A")
+	gitIn(re.repo, "-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-qm", "many files")
+	re.workspaceWith("")
+
+	bare := make([]time.Duration, 0, b.N)
+	for i := 0; i < b.N; i++ {
+		dst := filepath.Join(b.TempDir(), "wt")
+		start := time.Now()
+		gitIn(re.repo, "worktree", "add", "-q", "-b", fmt.Sprintf("bare-%d", i), dst, "main")
+		bare = append(bare, time.Since(start))
+		gitIn(re.repo, "worktree", "remove", "--force", dst)
+	}
+	tasks := make([]db.Task, b.N)
+	for i := range tasks {
+		tasks[i] = re.task("true")
+	}
+	b.ResetTimer()
+	lat := admissionLatency(b, re, tasks)
+	b.StopTimer()
+	p50 := reportPercentiles(b, lat, "berth-")
+	bareP50 := reportPercentiles(b, bare, "bare-")
+	b.ReportMetric(float64(p50)/float64(bareP50), "ratio-p50")
+	b.ReportMetric(float64((p50-bareP50).Microseconds())/1000, "overhead-p50-ms")
+}
