@@ -40,8 +40,8 @@ verify: assets ## Check generated code is fresh, gofmt is clean and go vet passe
 lint: verify ## verify plus staticcheck
 	go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
-bench: deps assets ## Run the benchmarks (login, token-authenticated /api/me, …) and print their figures
-	go test -run='^$$' -bench=. -benchmem -count=1 ./...
+bench: deps assets ## Run the benchmarks and print one table with the ratios the issues ask for
+	./scripts/bench.sh
 
 clean: ## Remove build output (not the data dir)
 	rm -rf bin

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# make bench: runs Berth's benchmarks in one go and prints their figures as one table, with the
+# ratios the issues ask for computed from the same run. Sizes: BERTH_BENCH_FILES (large-repo
+# worktree, default 20000), BERTH_BENCH_TREE_* (see workspace/BENCH.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+run() { # package, pattern, benchtime
+  echo "== go test -run '^\$' -bench '$2' -benchtime $3 $1" >&2
+  go test -run '^$' -bench "$2" -benchtime "$3" -count=1 "$1" | tee -a "$out" >&2
+}
+run ./handlers/ 'BenchmarkLogin$|BenchmarkMeToken$' 2s
+run ./handlers/ 'BenchmarkTaskListPage|BenchmarkPlanAPI|BenchmarkTaskPage' 1000x
+run ./handlers/ 'BenchmarkAdmissionToStartShared' 50x
+run ./handlers/ 'BenchmarkAdmissionToStartWorktree' 5x
+run ./jobs/ 'BenchmarkRiverPickup' 500x
+run ./db/ 'BenchmarkLeaseCycle|BenchmarkRawSkipLocked' 3s
+run ./workspace/ '.' 1x
+
+echo
+printf '%-58s %16s  %s\n' "benchmark" "value" "unit"
+printf '%-58s %16s  %s\n' "---------" "-----" "----"
+# Every "value unit" pair after ns/op on a benchmark line.
+awk '/^Benchmark/ { name=$1; sub(/-[0-9]+$/, "", name);
+       for (i = 3; i + 1 <= NF; i += 2) printf "%-58s %16s  %s\n", name, $i, $(i+1) }' "$out"
+
+metric() { awk -v b="$1" -v u="$2" '$1 ~ "^"b"(-[0-9]+)?$" { for (i = 3; i + 1 <= NF; i += 2) if ($(i+1) == u) print $i }' "$out" | head -1; }
+echo
+lease=$(metric BenchmarkLeaseCycle cycles/s); raw=$(metric BenchmarkRawSkipLocked cycles/s)
+if [ -n "$lease" ] && [ -n "$raw" ]; then
+  awk -v a="$lease" -v b="$raw" 'BEGIN { printf "lease acquire+release vs raw SKIP LOCKED: %.2fx (goal >= 0.6x)\n", a / b }'
+fi
+ratio=$(metric BenchmarkAdmissionToStartWorktree ratio-p50); over=$(metric BenchmarkAdmissionToStartWorktree overhead-p50-ms)
+[ -n "$ratio" ] && echo "large-repo worktree admission-to-start vs bare git worktree add: ${ratio}x, overhead ${over} ms (goal <= 1.3x + 100 ms)"
+shared=$(metric BenchmarkAdmissionToStartShared p50-ms)
+[ -n "$shared" ] && echo "shared workspace admission-to-start p50: ${shared} ms (goal <= 50 ms)"
+pickup=$(metric BenchmarkRiverPickup p50-ms)
+[ -n "$pickup" ] && echo "River pickup p50: ${pickup} ms"
+exit 0
