@@ -60,3 +60,69 @@ func CreateRunToken(ctx context.Context, q Querier, runID string, hash []byte, e
 	}
 	return nil
 }
+
+// RunPrincipal is a presented run token resolved to the run it was minted for. TaskID and
+// WorkspaceID are "" when the run has none (or the row was deleted); AgentID is "" for a run
+// started by a person.
+type RunPrincipal struct {
+	TokenID     string
+	RunID       string
+	RunStatus   string
+	TaskID      string
+	WorkspaceID string
+	AgentID     string
+	Company     Company
+	// Live is true while the run is queued, preparing or running, the token is neither
+	// revoked nor expired and the run's agent (if any) is not disabled: the only state in which
+	// the token may be used.
+	Live bool
+}
+
+// RunTokenPrincipal resolves a presented token's hash to its run token: ErrNotFound for an
+// unknown hash or a user token. A token whose run ended, that was revoked or expired, or whose
+// run's agent was disabled, is returned with Live false (the caller answers 401). A live token's use is recorded at most
+// once a minute, like a user token's.
+func RunTokenPrincipal(ctx context.Context, q Querier, hash []byte) (RunPrincipal, error) {
+	var (
+		p                 RunPrincipal
+		tokenValid, stale bool
+		runLive           bool
+	)
+	err := q.QueryRow(ctx, `SELECT t.id,
+			t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now()) AND a.disabled_at IS NULL,
+			t.last_used_at IS NULL OR t.last_used_at < now() - interval '1 minute',
+			r.id, r.status, r.status = ANY($2), coalesce(r.task_id::text, ''),
+			coalesce(r.execution_workspace_id::text, ''), coalesce(r.agent_id::text, ''),
+			c.id, c.name, c.slug, c.created_at
+		FROM api_tokens t
+		JOIN runs r ON r.id = t.run_id
+		JOIN companies c ON c.id = r.company_id
+		LEFT JOIN agents a ON a.id = r.agent_id
+		WHERE t.token_hash = $1 AND t.kind = 'run'`, hash, LiveRunStatuses).
+		Scan(&p.TokenID, &tokenValid, &stale, &p.RunID, &p.RunStatus, &runLive, &p.TaskID, &p.WorkspaceID,
+			&p.AgentID, &p.Company.ID, &p.Company.Name, &p.Company.Slug, &p.Company.CreatedAt)
+	if err != nil {
+		return RunPrincipal{}, notFound(err)
+	}
+	p.Live = tokenValid && runLive
+	if p.Live && stale {
+		if _, err := q.Exec(ctx, `UPDATE api_tokens SET last_used_at = now() WHERE id = $1`, p.TokenID); err != nil {
+			return RunPrincipal{}, fmt.Errorf("run token last used: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// RevokeRunTokens revokes every not yet revoked token of a run and returns how many it revoked.
+// Ending the run already makes its tokens unusable; this is for stopping them earlier.
+func RevokeRunTokens(ctx context.Context, q Querier, runID string) (int64, error) {
+	if !validUUID(runID) {
+		return 0, ErrNotFound
+	}
+	tag, err := q.Exec(ctx, `UPDATE api_tokens SET revoked_at = now()
+		WHERE run_id = $1 AND kind = 'run' AND revoked_at IS NULL`, runID)
+	if err != nil {
+		return 0, fmt.Errorf("revoke run tokens %s: %w", runID, err)
+	}
+	return tag.RowsAffected(), nil
+}

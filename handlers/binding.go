@@ -223,10 +223,11 @@ func (s *Server) getBindingAPI(w http.ResponseWriter, r *http.Request, p *princi
 	return nil
 }
 
-// putBindingAPI changes a task's workspace binding (board members): 200 with the new binding.
+// putBindingAPI changes a task's workspace binding (board members, and a live run's token for
+// its own task): 200 with the new binding.
 func (s *Server) putBindingAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx, id := r.Context(), r.PathValue("id")
-	a, err := s.manageObject(r, p, "tasks", id, "task_binding.update", "task")
+	a, err := s.manageObjectOrRun(r, p, "tasks", id, "task_binding.update", "task")
 	if err != nil {
 		return err
 	}

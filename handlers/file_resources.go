@@ -156,7 +156,11 @@ type fileQuery struct {
 // admitFileRead spends one of the caller's file-read tokens; without one it is a 429 with
 // Retry-After, audited.
 func (s *Server) admitFileRead(w http.ResponseWriter, r *http.Request, a access, lim *rateLimiter, taskID, root string, in fileQuery) error {
-	ok, wait := lim.allow(a.P.User.ID)
+	key := a.P.User.ID
+	if a.P.Run != nil {
+		key = "run:" + a.P.Run.ID
+	}
+	ok, wait := lim.allow(key)
 	if ok {
 		return nil
 	}

@@ -67,7 +67,11 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 		attrs := []any{"method", r.Method, "path", r.URL.Path, "status", rec.status, "bytes", rec.bytes,
 			"duration_ms", float64(time.Since(start).Microseconds()) / 1000, "request_id", id, "remote", clientIP(r)}
 		if p := principalFrom(r.Context()); p != nil {
-			attrs = append(attrs, "user_id", p.User.ID)
+			if p.Run != nil {
+				attrs = append(attrs, "run_id", p.Run.ID)
+			} else {
+				attrs = append(attrs, "user_id", p.User.ID)
+			}
 		}
 		s.log.InfoContext(r.Context(), "http request", attrs...)
 	})
