@@ -94,11 +94,11 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// Tasks, effective plan, workspace binding (changes: board members).
 	mux.Handle("GET /api/projects/{id}/tasks", s.api(s.listTasksAPI))
 	mux.Handle("POST /api/projects/{id}/tasks", s.api(s.createTaskAPI))
-	mux.Handle("GET /api/tasks/{id}", s.api(s.getTaskAPI))
+	mux.Handle("GET /api/tasks/{id}", s.runAPI(s.getTaskAPI))
 	mux.Handle("PATCH /api/tasks/{id}", s.api(s.patchTaskAPI))
-	mux.Handle("GET /api/tasks/{id}/plan", s.api(s.planAPI))
-	mux.Handle("GET /api/tasks/{id}/workspace", s.api(s.getBindingAPI))
-	mux.Handle("PUT /api/tasks/{id}/workspace", s.api(s.putBindingAPI))
+	mux.Handle("GET /api/tasks/{id}/plan", s.runAPI(s.planAPI))
+	mux.Handle("GET /api/tasks/{id}/workspace", s.runAPI(s.getBindingAPI))
+	mux.Handle("PUT /api/tasks/{id}/workspace", s.runAPI(s.putBindingAPI))
 
 	mux.Handle("GET /projects/{id}/tasks", s.page(s.taskListPage))
 	mux.Handle("POST /projects/{id}/tasks", s.page(s.createTaskForm))
@@ -110,9 +110,9 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// File resources: read-only files of a task's authorized roots (any reader of the company);
 	// reads share one per-user rate limit, in this process's memory (see file_resources.go).
 	files := newFileRateLimiter()
-	mux.Handle("GET /api/tasks/{id}/file-resources/roots", s.api(s.fileRootsAPI))
-	mux.Handle("GET /api/tasks/{id}/file-resources/list", s.api(s.fileListAPI(files)))
-	mux.Handle("GET /api/tasks/{id}/file-resources/content", s.api(s.fileContentAPI(files)))
+	mux.Handle("GET /api/tasks/{id}/file-resources/roots", s.runAPI(s.fileRootsAPI))
+	mux.Handle("GET /api/tasks/{id}/file-resources/list", s.runAPI(s.fileListAPI(files)))
+	mux.Handle("GET /api/tasks/{id}/file-resources/content", s.runAPI(s.fileContentAPI(files)))
 	mux.Handle("GET /tasks/{id}/files", s.page(s.filesPage(files)))
 
 	s.adminRoutes(mux, jobsUI)
@@ -126,6 +126,33 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /tasks/{id}/runs", s.page(s.createRunForm))
 	mux.Handle("GET /runs/{id}", s.page(s.runPage))
 	mux.Handle("POST /runs/{id}/cancel", s.page(s.cancelRunForm))
+
+	// Execution workspaces: list, detail, ledger, close-readiness, close and reopen (changes:
+	// board members), and a task's work products (execution_workspaces.go).
+	mux.Handle("GET /api/companies/{cid}/execution-workspaces", s.api(s.listWorkspacesAPI))
+	// A run token reads its own workspace and its ledger (DESIGN §5), nothing else here.
+	mux.Handle("GET /api/execution-workspaces/{id}", s.runAPI(s.getWorkspaceAPI))
+	mux.Handle("PATCH /api/execution-workspaces/{id}", s.api(s.patchWorkspaceAPI))
+	mux.Handle("GET /api/execution-workspaces/{id}/operations", s.runAPI(s.listOperationsAPI))
+	mux.Handle("GET /api/execution-workspaces/{id}/operations/{op_id}/log", s.runAPI(s.operationLogAPI))
+	mux.Handle("GET /api/execution-workspaces/{id}/close-readiness", s.api(s.closeReadinessAPI))
+	mux.Handle("GET /api/tasks/{id}/work-products", s.api(s.taskWorkProductsAPI))
+
+	mux.Handle("GET /companies/{cid}/workspaces", s.page(s.workspacesPage))
+	mux.Handle("GET /workspaces/{id}", s.page(s.workspacePage))
+	mux.Handle("POST /workspaces/{id}/close", s.page(s.workspaceFormAction(true)))
+	mux.Handle("POST /workspaces/{id}/reopen", s.page(s.workspaceFormAction(false)))
+
+	// Environment leases (force release and retry cleanup: instance admins).
+	mux.Handle("GET /api/companies/{cid}/leases", s.api(s.apiListLeases))
+	mux.Handle("GET /api/leases/{id}", s.api(s.apiGetLease))
+	mux.Handle("POST /api/leases/{id}/release", s.api(s.apiForceReleaseLease))
+	mux.Handle("POST /api/leases/{id}/retry-cleanup", s.api(s.apiRetryLeaseCleanup))
+
+	mux.Handle("GET /leases", s.page(s.leasesPage))
+	mux.Handle("GET /leases/{id}", s.page(s.leasePage))
+	mux.Handle("POST /leases/{id}/release", s.page(s.forceReleaseLeaseForm))
+	mux.Handle("POST /leases/{id}/retry-cleanup", s.page(s.retryLeaseCleanupForm))
 
 	mux.Handle("/api/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))
 	mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))

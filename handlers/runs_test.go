@@ -205,6 +205,15 @@ func TestRunHappyPath(t *testing.T) {
 	if phases != "realize:succeeded,setup:succeeded,finalize:succeeded" {
 		t.Fatalf("operations = %s", phases)
 	}
+	// A second run of the task continues in the same workspace and commits on the same branch.
+	id2 := re.start(task.ID, nil)
+	run2 := re.waitRun(id2, "the second run's end", ended)
+	if run2["status"] != "succeeded" || run2["execution_workspace_id"] != run["execution_workspace_id"] {
+		t.Fatalf("second run = %v, want success in workspace %v", run2, run["execution_workspace_id"])
+	}
+	if fin, lease := re.settled(run2); fin != "settled" || lease != "released" {
+		t.Fatalf("second run: finalize %q, lease %q", fin, lease)
+	}
 	// A viewer browses the run's execution workspace (not the project's own directories).
 	code, roots := re.call(re.r.Viewer, http.MethodGet, "/api/tasks/"+task.ID+"/file-resources/roots", nil)
 	items, _ := roots["items"].([]any)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 
 	"berth/db"
 	"berth/workspace"
@@ -33,6 +34,10 @@ type Deps struct {
 	// HomeDir holds a private HOME per environment for commands (outside every workspace, so
 	// dotfiles never land in a task's commits).
 	HomeDir string
+	// Executing is this process's registry of the runs it executes, its River client id and its
+	// claim on NodeID (jobs/executing.go); NewClient makes one when it is nil. Pass the same one
+	// to SweepOrphans.
+	Executing *Executing
 }
 
 // Workers registers every job kind Berth knows.
@@ -51,6 +56,23 @@ func Workers(d Deps) (*river.Workers, error) {
 	if err := river.AddWorkerSafely(w, &FinalizeWorker{runWorker: rw}); err != nil {
 		return nil, fmt.Errorf("jobs: register finalize: %w", err)
 	}
+	// Recovery: orphan sweeps, lease expiry and cleanup (sweep.go, leases.go).
+	if err := river.AddWorkerSafely(w, &SweepOrphansWorker{deps: d}); err != nil {
+		return nil, fmt.Errorf("jobs: register sweep_orphans: %w", err)
+	}
+	if err := river.AddWorkerSafely(w, &ExpireLeasesWorker{deps: d}); err != nil {
+		return nil, fmt.Errorf("jobs: register expire_leases: %w", err)
+	}
+	if err := river.AddWorkerSafely(w, &CleanupLeaseWorker{deps: d}); err != nil {
+		return nil, fmt.Errorf("jobs: register cleanup_lease: %w", err)
+	}
+	// Execution workspace close and reopen (close_workspace.go).
+	if err := river.AddWorkerSafely(w, &CloseWorkspaceWorker{runWorker: rw}); err != nil {
+		return nil, fmt.Errorf("jobs: register close_workspace: %w", err)
+	}
+	if err := river.AddWorkerSafely(w, &ReopenWorkspaceWorker{runWorker: rw}); err != nil {
+		return nil, fmt.Errorf("jobs: register reopen_workspace: %w", err)
+	}
 	return w, nil
 }
 
@@ -60,6 +82,13 @@ func PeriodicJobs() []*river.PeriodicJob {
 		river.NewPeriodicJob(river.PeriodicInterval(HousekeepingInterval),
 			func() (river.JobArgs, *river.InsertOpts) { return HousekeepingArgs{}, nil },
 			&river.PeriodicJobOpts{ID: "housekeeping", RunOnStart: true}),
+		// Recovery (sweep.go, leases.go); a restarting node also sweeps once directly.
+		river.NewPeriodicJob(river.PeriodicInterval(SweepInterval),
+			func() (river.JobArgs, *river.InsertOpts) { return SweepOrphansArgs{}, nil },
+			&river.PeriodicJobOpts{ID: "sweep_orphans", RunOnStart: true}),
+		river.NewPeriodicJob(river.PeriodicInterval(ExpireLeasesInterval),
+			func() (river.JobArgs, *river.InsertOpts) { return ExpireLeasesArgs{}, nil },
+			&river.PeriodicJobOpts{ID: "expire_leases", RunOnStart: true}),
 	}
 }
 
@@ -81,12 +110,19 @@ func tunedConfig(d Deps, workers *river.Workers) *river.Config {
 		FetchPollInterval: 50 * time.Millisecond,
 		JobTimeout:        10 * time.Minute,
 		MaxAttempts:       10,
+		// The client id names the node (see Executing); the middleware registers and heartbeats
+		// the runs this process executes.
+		ID:         d.Executing.ClientID(),
+		Middleware: []rivertype.Middleware{&runMiddleware{deps: d}},
 	}
 }
 
 // NewClient builds the River client, tuned for low pickup latency: a 5 ms fetch cooldown and a
 // 50 ms poll interval on top of LISTEN/NOTIFY (see docs/jobs.md for the measured effect).
 func NewClient(d Deps, opts ClientOptions) (*river.Client[pgx.Tx], error) {
+	if d.Executing == nil {
+		d.Executing = NewExecuting(d.NodeID)
+	}
 	workers, err := Workers(d)
 	if err != nil {
 		return nil, err

@@ -122,6 +122,16 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 	if plan.ReuseWorkspaceID != "" {
 		return db.ExecutionWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, plan.ReuseWorkspaceID)
 	}
+	if plan.Strategy != "" {
+		// The task's earlier runs left a workspace of the same kind open: continue there.
+		ws, err := db.TaskOpenWorkspace(ctx, w.deps.Pool, run.CompanyID, task.ID, plan.Mode, plan.Strategy)
+		if err == nil {
+			return ws, nil
+		}
+		if !errors.Is(err, db.ErrNotFound) {
+			return db.ExecutionWorkspace{}, err
+		}
+	}
 	var res workspace.Result
 	err := w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, RunID: run.ID, TaskID: run.TaskID,
 		Phase: "realize", Command: "realize " + plan.Strategy}, func(log *environment.LogBuffer) (*int, error) {
@@ -149,6 +159,17 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 	}
 	var ws db.ExecutionWorkspace
 	err = db.InTx(ctx, w.deps.Pool, func(tx pgx.Tx) error {
+		// A reused worktree (the task's clean, unstarted one) already has its row: adopt it.
+		if existing, err := db.ExecutionWorkspaceByRef(ctx, tx, run.CompanyID, res.Ref); err == nil {
+			if existing.Status != "ready" {
+				return fmt.Errorf("workspace %s is %s", existing.Ref, existing.Status)
+			}
+			ws = existing
+			_, err = tx.Exec(ctx, `UPDATE workspace_operations SET execution_workspace_id = $1 WHERE run_id = $2`, ws.ID, run.ID)
+			return err
+		} else if !errors.Is(err, db.ErrNotFound) {
+			return err
+		}
 		var err error
 		ws, err = db.CreateExecutionWorkspace(ctx, tx, db.NewExecutionWorkspace{CompanyID: run.CompanyID, ProjectID: task.ProjectID,
 			ProjectWorkspaceID: pw.ID, SourceTaskID: task.ID, Mode: plan.Mode, Strategy: string(res.Strategy), Trust: task.Trust,

@@ -40,11 +40,12 @@ type NavItem struct {
 
 // Nav is the top navigation: the dashboard, and the company's sections on a company page.
 func Nav(f Frame) []NavItem {
-	items := []NavItem{{Key: "dashboard", Label: "Dashboard", Href: "/"}}
+	items := []NavItem{{Key: "dashboard", Label: "Dashboard", Href: "/"}, {Key: "leases", Label: "Leases", Href: "/leases"}}
 	if c := f.Company; c != nil {
 		base := "/companies/" + c.ID
 		items = append(items,
 			NavItem{Key: "projects", Label: "Projects", Href: base},
+			NavItem{Key: "workspaces", Label: "Workspaces", Href: base + "/workspaces"},
 			NavItem{Key: "environments", Label: "Environments", Href: base + "/environments"},
 			NavItem{Key: "agents", Label: "Agents", Href: base + "/agents"},
 			NavItem{Key: "members", Label: "Members", Href: base + "/members"},

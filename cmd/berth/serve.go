@@ -76,13 +76,27 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if c.BaseURL != nil {
 		apiURL = c.BaseURL.String()
 	}
-	client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, APIURL: apiURL, NodeID: nodeID(),
-		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes")},
-		jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
+	node, err := nodeID(getenv)
+	if err != nil {
+		return err
+	}
+	executing := jobs.NewExecuting(node)
+	defer executing.Close()
+	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, APIURL: apiURL, NodeID: node,
+		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing}
+	client, err := jobs.NewClient(deps, jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
 	if err != nil {
 		return err
 	}
 	if c.Workers {
+		// The node claim comes before the first fetch, the startup sweep after the start: a
+		// restarted node recovers its dead predecessor's runs at once (jobs/sweep.go).
+		claimCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := executing.Claim(claimCtx, d.Pool)
+		cancel()
+		if err != nil {
+			return err
+		}
 		if err := client.Start(ctx); err != nil {
 			return fmt.Errorf("start jobs: %w", err)
 		}
@@ -93,6 +107,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 				log.Warn("jobs did not stop cleanly", "err", err)
 			}
 		}()
+		sweepCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err = jobs.SweepOrphans(sweepCtx, deps)
+		cancel()
+		if err != nil {
+			log.Warn("startup orphan sweep", "err", err)
+		}
 	}
 
 	if !web {
@@ -165,13 +185,34 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	return nil
 }
 
-// nodeID names this process's machine on process-bound rows: the host name.
-func nodeID() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "node"
+// nodeID names this process's node on process-bound rows: BERTH_NODE_ID, else the host name.
+// Two working processes on one host need distinct BERTH_NODE_IDs (the second would otherwise
+// not recover the first's orphans at once, see jobs.Executing).
+func nodeID(getenv func(string) string) (string, error) {
+	if id := getenv("BERTH_NODE_ID"); id != "" {
+		if !validNodeID(id) {
+			return "", fmt.Errorf("BERTH_NODE_ID %q: use 1 to 64 letters, digits, '.', '_' or '-'", id)
+		}
+		return id, nil
 	}
-	return h
+	h, err := os.Hostname()
+	if err != nil || !validNodeID(h) {
+		return "node", nil
+	}
+	return h, nil
+}
+
+// validNodeID accepts 1 to 64 bytes of letters, digits, '.', '_' and '-' (a host name fits).
+func validNodeID(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // sourceRoots reads BERTH_SOURCE_ROOTS: colon-separated absolute directories under which board

@@ -1,0 +1,608 @@
+package handlers
+
+// Environment leases (DESIGN §4 "Leases", §5): which run holds which environment for which
+// execution workspace, until when, under which generation, and what became of its cleanup.
+//
+// Reading: any reader of the lease's company (members and instance admins), through the JSON API
+// per company and through the /leases pages, which gather every company the user can read.
+// Writing: instance admins only. Force release ends a live lease and bumps its generation, so its
+// holder is fenced out (its next heartbeat gets db.ErrFenced and the run stops); retry cleanup puts
+// a lease whose cleanup failed back to pending. Both write their audit event and enqueue
+// cleanup_lease (which stops what the run left running) in the transaction that makes the change.
+// Refusals are audited as "<action>.denied"; another company's lease is the same 404 as a missing
+// one.
+//
+// Lease rows never reach a response with a host path: provider_ref is not shown, and
+// failure_reason (which can quote a cleanup error) has absolute paths replaced.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"berth/db"
+	"berth/jobs"
+	"berth/views"
+)
+
+// leaseStatuses are the values the status filter accepts: every lease status, and "live" for
+// acquiring, active and releasing together.
+var leaseStatuses = []string{db.LeaseAcquiring, db.LeaseActive, db.LeaseReleasing, db.LeaseReleased,
+	db.LeaseExpired, db.LeaseFailed}
+
+// leaseQuery is a parsed lease list request: filters and one page's position.
+type leaseQuery struct {
+	// Statuses are the db.ListLeases status filters to merge: [""] for any status, ["live"], or
+	// single statuses.
+	Statuses      []string
+	Status        string // the status parameter as normalized, for links and the form
+	EnvironmentID string
+	CompanyID     string // pages only: narrow /leases to one company
+	Limit         int
+	After         db.LeaseCursor
+}
+
+// parseLeaseQuery reads status (one value or a comma list), environment_id, limit and cursor.
+func parseLeaseQuery(r *http.Request) (leaseQuery, error) {
+	qs := r.URL.Query()
+	limit, cursor, err := pageParams(r)
+	if err != nil {
+		return leaseQuery{}, err
+	}
+	q := leaseQuery{Limit: limit}
+	if err := decodeCursor(cursor, &q.After); err != nil {
+		return leaseQuery{}, err
+	}
+	if cursor != "" && (!db.ValidID(q.After.ID) || q.After.CreatedAt.IsZero()) {
+		return leaseQuery{}, badRequest("bad_cursor", "The cursor is not valid; start again without it.")
+	}
+	if q.Statuses, q.Status, err = parseLeaseStatuses(qs.Get("status")); err != nil {
+		return leaseQuery{}, err
+	}
+	if v := strings.TrimSpace(qs.Get("environment_id")); v != "" {
+		if !db.ValidID(v) {
+			return leaseQuery{}, badRequest("bad_environment_id", "environment_id must be an environment's id.")
+		}
+		q.EnvironmentID = strings.ToLower(v)
+	}
+	return q, nil
+}
+
+// parseLeaseStatuses turns "active,released" into the ListLeases filters to merge and the
+// normalized parameter. Empty means any status.
+func parseLeaseStatuses(raw string) (filters []string, normalized string, err error) {
+	set := map[string]bool{}
+	for v := range strings.SplitSeq(raw, ",") {
+		v = strings.ToLower(strings.TrimSpace(v))
+		switch {
+		case v == "":
+		case v == "live":
+			for _, st := range db.LiveLeaseStatuses {
+				set[st] = true
+			}
+		case slices.Contains(leaseStatuses, v):
+			set[v] = true
+		default:
+			return nil, "", badRequest("bad_status",
+				"status must be live or one of "+strings.Join(leaseStatuses, ", ")+", or a comma-separated list of them.")
+		}
+	}
+	var chosen []string
+	for _, st := range leaseStatuses { // in the lifecycle's order
+		if set[st] {
+			chosen = append(chosen, st)
+		}
+	}
+	switch {
+	case len(chosen) == 0:
+		return []string{""}, "", nil
+	case len(chosen) == len(leaseStatuses):
+		return []string{""}, strings.Join(chosen, ","), nil
+	case slices.Equal(chosen, db.LiveLeaseStatuses):
+		return []string{"live"}, "live", nil
+	}
+	return chosen, strings.Join(chosen, ","), nil
+}
+
+// listLeases reads one page of the leases of the given companies, newest first (created_at, then
+// id), with the cursor of the next page ("" on the last). db.ListLeases reads one company and one
+// status filter at a time, so each (company, status) pair is read up to the page size plus one
+// and the pieces are merged: the first limit+1 of the union are the first limit+1 overall.
+func (s *Server) listLeases(ctx context.Context, companyIDs []string, q leaseQuery) ([]db.Lease, string, error) {
+	var all []db.Lease
+	for _, cid := range companyIDs {
+		for _, st := range q.Statuses {
+			part, err := s.leasesFrom(ctx, cid, st, q, q.Limit+1)
+			if err != nil {
+				return nil, "", err
+			}
+			all = append(all, part...)
+		}
+	}
+	slices.SortFunc(all, func(a, b db.Lease) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.ID, a.ID) // lower-case hex text sorts as PostgreSQL sorts uuids
+	})
+	page, next := keysetPage(all, q.Limit, func(l db.Lease) any { return l.Cursor() })
+	return page, next, nil
+}
+
+// leasesFrom reads up to n leases of one company and status filter after q's cursor, in as many
+// db.ListLeases pages as it takes (each returns at most 200).
+func (s *Server) leasesFrom(ctx context.Context, companyID, status string, q leaseQuery, n int) ([]db.Lease, error) {
+	var out []db.Lease
+	after := q.After
+	for len(out) < n {
+		want := min(n-len(out), maxPageLimit)
+		part, err := db.ListLeases(ctx, s.pool, companyID, db.LeaseFilter{Status: status,
+			EnvironmentID: q.EnvironmentID, After: after, Limit: want})
+		if errors.Is(err, db.ErrInvalidID) {
+			return nil, badRequest("bad_filter", "The environment or cursor is not valid.")
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, part...)
+		if len(part) < want {
+			break
+		}
+		after = part[len(part)-1].Cursor()
+	}
+	return out, nil
+}
+
+// leaseJSON is a lease as the API returns it. Absent ids and times are null; heartbeat_age_s is
+// measured on the database clock.
+type leaseJSON struct {
+	ID                   string     `json:"id"`
+	EnvironmentID        *string    `json:"environment_id"`
+	ExecutionWorkspaceID *string    `json:"execution_workspace_id"`
+	TaskID               *string    `json:"task_id"`
+	RunID                *string    `json:"run_id"`
+	Status               string     `json:"status"`
+	Generation           int64      `json:"generation"`
+	AcquiredAt           *time.Time `json:"acquired_at"`
+	HeartbeatAt          *time.Time `json:"heartbeat_at"`
+	HeartbeatAgeS        *int64     `json:"heartbeat_age_s"`
+	ExpiresAt            *time.Time `json:"expires_at"`
+	ReleasedAt           *time.Time `json:"released_at"`
+	CleanupStatus        string     `json:"cleanup_status"`
+	CleanupAttempts      int        `json:"cleanup_attempts"`
+	FailureReason        *string    `json:"failure_reason"`
+}
+
+func newLeaseJSON(l db.Lease) leaseJSON {
+	j := leaseJSON{ID: l.ID, EnvironmentID: optional(l.EnvironmentID), ExecutionWorkspaceID: optional(l.ExecutionWorkspaceID),
+		TaskID: optional(l.TaskID), RunID: optional(l.RunID), Status: l.Status, Generation: l.Generation,
+		AcquiredAt: utcPtr(l.AcquiredAt), HeartbeatAt: utcPtr(l.HeartbeatAt), ExpiresAt: utcPtr(l.ExpiresAt),
+		ReleasedAt: utcPtr(l.ReleasedAt), CleanupStatus: l.CleanupStatus, CleanupAttempts: l.CleanupAttempts,
+		FailureReason: optional(redactHostPaths(l.FailureReason))}
+	if l.HeartbeatAt != nil {
+		age := int64(max(l.HeartbeatAge(), 0) / time.Second)
+		j.HeartbeatAgeS = &age
+	}
+	return j
+}
+
+// hostPathPattern finds absolute paths (and ~/ paths) in free text: a "/" at the start or after a
+// space, quote, opening bracket, "=", ":" or ",", up to the next space, quote, bracket or comma.
+var hostPathPattern = regexp.MustCompile(`(^|[\s"'(\[=:,])(~?/[^\s"'()\[\]<>,;]*)`)
+
+// redactHostPaths replaces absolute host paths in a server-written message (a cleanup error can
+// quote one) with "[path]", keeping a trailing ":" or "." that belongs to the sentence.
+func redactHostPaths(s string) string {
+	return hostPathPattern.ReplaceAllStringFunc(s, func(m string) string {
+		sub := hostPathPattern.FindStringSubmatch(m)
+		path := sub[2]
+		trimmed := strings.TrimRight(path, ":.")
+		if trimmed == "/" || trimmed == "" || trimmed == "~/" {
+			return m // a lone slash is punctuation, not a path
+		}
+		return sub[1] + "[path]" + path[len(trimmed):]
+	})
+}
+
+// apiListLeases is GET /api/companies/{cid}/leases?status=&environment_id=&limit=&cursor=: any
+// reader of the company; newest first.
+func (s *Server) apiListLeases(w http.ResponseWriter, r *http.Request, p *principal) error {
+	a, err := s.companyAccess(r.Context(), p, r.PathValue("cid"))
+	if err != nil {
+		return err
+	}
+	q, err := parseLeaseQuery(r)
+	if err != nil {
+		return err
+	}
+	leases, next, err := s.listLeases(r.Context(), []string{a.Company.ID}, q)
+	if err != nil {
+		return err
+	}
+	out := listResponse[leaseJSON]{Items: make([]leaseJSON, 0, len(leases)), NextCursor: next}
+	for _, l := range leases {
+		out.Items = append(out.Items, newLeaseJSON(l))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// apiGetLease is GET /api/leases/{id}: any reader of the lease's company.
+func (s *Server) apiGetLease(w http.ResponseWriter, r *http.Request, p *principal) error {
+	id := r.PathValue("id")
+	a, err := s.objectAccess(r.Context(), p, "environment_leases", id)
+	if err != nil {
+		return err
+	}
+	l, err := db.LeaseByID(r.Context(), s.pool, a.Company.ID, id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, newLeaseJSON(l))
+	return nil
+}
+
+// Errors of the administrator's lease actions.
+var (
+	errLeaseNotLive = &httpError{Status: http.StatusConflict, Code: "lease_not_live",
+		Message: "The lease has already ended: there is nothing to release."}
+	errLeaseCleanupNotFailed = &httpError{Status: http.StatusConflict, Code: "cleanup_not_failed",
+		Message: "Only a lease whose cleanup failed can have its cleanup retried."}
+	errLeaseJobsUnavailable = &httpError{Status: http.StatusServiceUnavailable, Code: "jobs_unavailable",
+		Message: "This server cannot queue the cleanup job."}
+)
+
+// forceReleaseLease ends a company's live lease for an instance admin: released, generation + 1
+// (the holder is fenced out), cleanup pending and asked for, audited as lease.force_released.
+func (s *Server) forceReleaseLease(ctx context.Context, r *http.Request, a access, id string) (db.Lease, error) {
+	if err := s.requireAdmin(r, a, "lease.force_release", "environment_lease", id); err != nil {
+		return db.Lease{}, err
+	}
+	var l db.Lease
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		l, err = db.ForceReleaseLease(ctx, tx, a.Company.ID, id)
+		if errors.Is(err, db.ErrLeaseState) {
+			return errLeaseNotLive
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.enqueueLeaseCleanup(ctx, tx, l); err != nil {
+			return err
+		}
+		return s.auditTx(ctx, tx, r, a, "lease.force_released", "environment_lease", id, map[string]any{
+			"previous_generation": l.Generation - 1, "generation": l.Generation,
+			"run_id": l.RunID, "environment_id": l.EnvironmentID, "execution_workspace_id": l.ExecutionWorkspaceID})
+	})
+	return l, err
+}
+
+// retryLeaseCleanup puts an ended lease whose cleanup failed back to pending for an instance
+// admin and asks for the cleanup job, audited as lease.cleanup_retried. Any other cleanup state
+// is a 409.
+func (s *Server) retryLeaseCleanup(ctx context.Context, r *http.Request, a access, id string) (db.Lease, error) {
+	if err := s.requireAdmin(r, a, "lease.retry_cleanup", "environment_lease", id); err != nil {
+		return db.Lease{}, err
+	}
+	if s.jobs == nil {
+		return db.Lease{}, errLeaseJobsUnavailable
+	}
+	var l db.Lease
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		l, err = db.RetryLeaseCleanup(ctx, tx, a.Company.ID, id)
+		if errors.Is(err, db.ErrLeaseState) {
+			return errLeaseCleanupNotFailed
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.enqueueLeaseCleanup(ctx, tx, l); err != nil {
+			return err
+		}
+		return s.auditTx(ctx, tx, r, a, "lease.cleanup_retried", "environment_lease", id, map[string]any{
+			"generation": l.Generation, "cleanup_attempts": l.CleanupAttempts})
+	})
+	return l, err
+}
+
+// enqueueLeaseCleanup asks, inside tx, for the cleanup_lease job of lease l (cleanup pending, at
+// l.Generation): it stops what the lease's run left running and records the cleanup. Without a
+// job client in this process nothing is enqueued; the lease stays pending and visible.
+func (s *Server) enqueueLeaseCleanup(ctx context.Context, tx pgx.Tx, l db.Lease) error {
+	if s.jobs == nil {
+		return nil
+	}
+	_, err := s.jobs.InsertTx(ctx, tx, jobs.CleanupLeaseArgs{LeaseID: l.ID, Generation: l.Generation}, nil)
+	return err
+}
+
+// apiForceReleaseLease is POST /api/leases/{id}/release (instance admins): 200 with the released
+// lease. The body, if any, must be an empty JSON object.
+func (s *Server) apiForceReleaseLease(w http.ResponseWriter, r *http.Request, p *principal) error {
+	id := r.PathValue("id")
+	a, err := s.objectAccess(r.Context(), p, "environment_leases", id)
+	if err != nil {
+		return err
+	}
+	if err := emptyJSONBody(w, r); err != nil {
+		return err
+	}
+	l, err := s.forceReleaseLease(r.Context(), r, a, id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, newLeaseJSON(l))
+	return nil
+}
+
+// apiRetryLeaseCleanup is POST /api/leases/{id}/retry-cleanup (instance admins): 202 with the
+// lease, cleanup pending; the cleanup job runs later.
+func (s *Server) apiRetryLeaseCleanup(w http.ResponseWriter, r *http.Request, p *principal) error {
+	id := r.PathValue("id")
+	a, err := s.objectAccess(r.Context(), p, "environment_leases", id)
+	if err != nil {
+		return err
+	}
+	if err := emptyJSONBody(w, r); err != nil {
+		return err
+	}
+	l, err := s.retryLeaseCleanup(r.Context(), r, a, id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, newLeaseJSON(l))
+	return nil
+}
+
+// maxLeaseEnvCompanies bounds how many companies' environments the /leases filter offers at once;
+// with more, a company must be chosen first.
+const maxLeaseEnvCompanies = 20
+
+// leasesPage is GET /leases: the leases of every company the user can read (instance admins: all),
+// newest first, filtered by status, environment and company.
+func (s *Server) leasesPage(w http.ResponseWriter, r *http.Request, p *principal) error {
+	ctx := r.Context()
+	q, err := parseLeaseQuery(r)
+	if err != nil {
+		return err
+	}
+	companies, err := s.readableCompanies(ctx, p)
+	if err != nil {
+		return err
+	}
+	names := make(map[string]string, len(companies))
+	for _, c := range companies {
+		names[c.ID] = c.Name
+	}
+	// The scope: every readable company, narrowed by company_id and by the environment's company.
+	// A company or environment the user cannot read leaves nothing in scope, like a missing one.
+	scope := make([]string, 0, len(companies))
+	for _, c := range companies {
+		scope = append(scope, c.ID)
+	}
+	if v := strings.TrimSpace(r.URL.Query().Get("company_id")); v != "" {
+		q.CompanyID = strings.ToLower(v)
+		scope = slices.DeleteFunc(scope, func(id string) bool { return id != q.CompanyID })
+	}
+	if q.EnvironmentID != "" {
+		cid, err := db.CompanyOf(ctx, s.pool, "environments", q.EnvironmentID)
+		if err != nil && !errors.Is(err, db.ErrNotFound) {
+			return err
+		}
+		scope = slices.DeleteFunc(scope, func(id string) bool { return id != cid })
+	}
+	leases, next, err := s.listLeases(ctx, scope, q)
+	if err != nil {
+		return err
+	}
+
+	d := views.LeasesData{Status: q.Status, EnvironmentID: q.EnvironmentID, CompanyID: q.CompanyID,
+		MultiCompany: len(companies) > 1, NoCompanies: len(companies) == 0}
+	for _, c := range companies {
+		d.Companies = append(d.Companies, views.LeaseOption{ID: c.ID, Name: c.Name})
+	}
+	// Environment names: for the filter (the companies in scope, when there are few) and for the
+	// rows on this page.
+	envCompanies := []string{}
+	if len(scope) <= maxLeaseEnvCompanies {
+		envCompanies = append(envCompanies, scope...)
+	} else {
+		d.EnvironmentHint = "Choose a company to filter by environment."
+	}
+	for _, l := range leases {
+		if !slices.Contains(envCompanies, l.CompanyID) {
+			envCompanies = append(envCompanies, l.CompanyID)
+		}
+	}
+	envNames := map[string]string{}
+	for _, cid := range envCompanies {
+		envs, err := db.EnvironmentSummaries(ctx, s.pool, cid)
+		if err != nil {
+			return err
+		}
+		inScope := len(scope) <= maxLeaseEnvCompanies && slices.Contains(scope, cid)
+		for _, e := range envs {
+			envNames[e.ID] = e.Name
+			if inScope {
+				label := e.Name
+				if d.MultiCompany {
+					label = names[cid] + " / " + e.Name
+				}
+				d.Environments = append(d.Environments, views.LeaseOption{ID: e.ID, Name: label})
+			}
+		}
+	}
+	for _, l := range leases {
+		row := leaseRow(l)
+		row.CompanyName, row.EnvironmentName = names[l.CompanyID], envNames[l.EnvironmentID]
+		d.Rows = append(d.Rows, row)
+	}
+	if next != "" {
+		d.NextURL = leasesPageURL(q, next)
+	}
+	return s.render(w, r, views.LeasesPage(s.frame(r, "Leases", "leases"), d))
+}
+
+// readableCompanies lists every company the user may read, by slug: their memberships, or all
+// companies for an instance admin.
+func (s *Server) readableCompanies(ctx context.Context, p *principal) ([]db.VisibleCompany, error) {
+	var out []db.VisibleCompany
+	after := ""
+	for {
+		page, err := db.ListCompanies(ctx, s.pool, p.User.ID, p.User.IsInstanceAdmin, after, maxPageLimit)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page...)
+		if len(page) < maxPageLimit {
+			return out, nil
+		}
+		after = page[len(page)-1].Slug
+	}
+}
+
+// leasesPageURL is /leases with the same filters and limit, at cursor.
+func leasesPageURL(q leaseQuery, cursor string) string {
+	v := url.Values{}
+	for k, val := range map[string]string{"status": q.Status, "environment_id": q.EnvironmentID, "company_id": q.CompanyID} {
+		if val != "" {
+			v.Set(k, val)
+		}
+	}
+	if q.Limit != defaultPageLimit {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	v.Set("cursor", cursor)
+	return "/leases?" + v.Encode()
+}
+
+// leaseRow phrases a lease for the pages: ages and expiry on the database clock, failure reason
+// without host paths, never the provider ref.
+func leaseRow(l db.Lease) views.LeaseRow {
+	row := views.LeaseRow{ID: l.ID, CompanyID: l.CompanyID, EnvironmentID: l.EnvironmentID,
+		ExecutionWorkspaceID: l.ExecutionWorkspaceID, TaskID: l.TaskID, RunID: l.RunID, Status: l.Status,
+		Generation: l.Generation, Live: l.Live(), AcquiredAt: l.AcquiredAt, HeartbeatAt: l.HeartbeatAt,
+		ExpiresAt: l.ExpiresAt, ReleasedAt: l.ReleasedAt, CreatedAt: l.CreatedAt, CleanupStatus: l.CleanupStatus,
+		CleanupAttempts: l.CleanupAttempts, FailureReason: redactHostPaths(l.FailureReason)}
+	if l.HeartbeatAt != nil {
+		row.HeartbeatAge = humanDuration(l.HeartbeatAge()) + " ago"
+	}
+	if l.ExpiresAt != nil && l.Live() {
+		if left := l.ExpiresAt.Sub(l.ReadAt); left >= 0 {
+			row.Expiry = "in " + humanDuration(left)
+		} else {
+			row.Expiry, row.Overdue = "overdue by "+humanDuration(-left), true
+		}
+	}
+	return row
+}
+
+// humanDuration is a short, coarse duration for people: "12 s", "3 min 5 s", "2 h 10 min", "4 d".
+func humanDuration(d time.Duration) string {
+	d = max(d, 0)
+	switch s := int64(d / time.Second); {
+	case s < 60:
+		return fmt.Sprintf("%d s", s)
+	case s < 600:
+		return fmt.Sprintf("%d min %d s", s/60, s%60)
+	case s < 3600:
+		return fmt.Sprintf("%d min", s/60)
+	case s < 48*3600:
+		return fmt.Sprintf("%d h %d min", s/3600, s%3600/60)
+	default:
+		return fmt.Sprintf("%d d", s/86400)
+	}
+}
+
+// leasePage is GET /leases/{id}: one lease with its holder, and the admin actions.
+func (s *Server) leasePage(w http.ResponseWriter, r *http.Request, p *principal) error {
+	id := r.PathValue("id")
+	a, err := s.objectAccess(r.Context(), p, "environment_leases", id)
+	if err != nil {
+		return err
+	}
+	return s.renderLease(w, r, a, id, http.StatusOK, "")
+}
+
+// renderLease renders a lease's page with status and an optional alert (a refused action).
+func (s *Server) renderLease(w http.ResponseWriter, r *http.Request, a access, id string, status int, alert string) error {
+	ctx := r.Context()
+	l, err := db.LeaseByID(ctx, s.pool, a.Company.ID, id)
+	if err != nil {
+		return err
+	}
+	d := views.LeaseDetail{LeaseRow: leaseRow(l), IsAdmin: a.Admin, Alert: alert}
+	d.CompanyName = a.Company.Name
+	if l.EnvironmentID != "" {
+		env, err := db.EnvironmentByID(ctx, s.pool, a.Company.ID, l.EnvironmentID)
+		if err != nil && !errors.Is(err, db.ErrNotFound) {
+			return err
+		}
+		d.EnvironmentName, d.EnvironmentDriver = env.Name, env.Driver
+	}
+	if l.TaskID != "" {
+		task, err := db.TaskByID(ctx, s.pool, a.Company.ID, l.TaskID)
+		if err != nil && !errors.Is(err, db.ErrNotFound) {
+			return err
+		}
+		d.TaskKey, d.TaskTitle = task.Key, task.Title
+	}
+	if l.RunID != "" {
+		run, err := db.RunByID(ctx, s.pool, a.Company.ID, l.RunID)
+		if err != nil && !errors.Is(err, db.ErrNotFound) {
+			return err
+		}
+		d.RunStatus = run.Status
+	}
+	w.Header().Set("Vary", "HX-Request")
+	return s.renderStatus(w, r, status, views.LeasePage(s.companyFrame(r, a, "Lease", "leases"), d))
+}
+
+// forceReleaseLeaseForm is POST /leases/{id}/release (instance admins).
+func (s *Server) forceReleaseLeaseForm(w http.ResponseWriter, r *http.Request, p *principal) error {
+	id := r.PathValue("id")
+	a, err := s.objectAccess(r.Context(), p, "environment_leases", id)
+	if err != nil {
+		return err
+	}
+	_, err = s.forceReleaseLease(r.Context(), r, a, id)
+	return s.afterLeaseAction(w, r, a, id, err)
+}
+
+// retryLeaseCleanupForm is POST /leases/{id}/retry-cleanup (instance admins).
+func (s *Server) retryLeaseCleanupForm(w http.ResponseWriter, r *http.Request, p *principal) error {
+	id := r.PathValue("id")
+	a, err := s.objectAccess(r.Context(), p, "environment_leases", id)
+	if err != nil {
+		return err
+	}
+	_, err = s.retryLeaseCleanup(r.Context(), r, a, id)
+	return s.afterLeaseAction(w, r, a, id, err)
+}
+
+// afterLeaseAction answers a lease page form: success goes back to the lease (303, or
+// HX-Redirect); a conflict (the lease moved on meanwhile) shows the page with the reason; other
+// errors go to the adapter.
+func (s *Server) afterLeaseAction(w http.ResponseWriter, r *http.Request, a access, id string, err error) error {
+	var he *httpError
+	if errors.As(err, &he) && he.Status == http.StatusConflict {
+		return s.renderLease(w, r, a, id, envFormStatus(r, he.Status), he.Message)
+	}
+	if err != nil {
+		return err
+	}
+	envSeeOther(w, r, "/leases/"+id)
+	return nil
+}

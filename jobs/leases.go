@@ -1,0 +1,192 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
+	"berth/db"
+	"berth/environment"
+)
+
+// Lease expiry and cleanup (DESIGN §4 Leases): a periodic job expires leases whose holder stopped
+// heartbeating and enqueues their cleanup in the same transaction; cleanup retries with backoff,
+// and after its last attempt the lease stays cleanup failed, for an administrator's "retry
+// cleanup" (which enqueues cleanup_lease again).
+
+// ExpireLeasesInterval is how often the leader enqueues expire_leases.
+const ExpireLeasesInterval = 15 * time.Second
+
+// expireBatch is how many leases one transaction expires.
+const expireBatch = 100
+
+// cleanupAttempts is how often cleanup_lease is tried (River's backoff between: about 1 s, 16 s,
+// 81 s, 256 s) before the lease is left cleanup failed.
+const cleanupAttempts = 5
+
+// ExpireLeasesArgs asks for one expiry pass.
+type ExpireLeasesArgs struct{}
+
+// Kind names the job in River.
+func (ExpireLeasesArgs) Kind() string { return "expire_leases" }
+
+// InsertOpts: one pass per interval however many nodes enqueue; a failed pass is not retried.
+func (ExpireLeasesArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{MaxAttempts: 1, UniqueOpts: river.UniqueOpts{ByPeriod: ExpireLeasesInterval}}
+}
+
+// ExpireLeasesWorker expires every live lease past its expires_at (database clock).
+type ExpireLeasesWorker struct {
+	river.WorkerDefaults[ExpireLeasesArgs]
+	deps Deps
+}
+
+// Work expires leases in batches, each with its cleanup jobs and audit events in one
+// transaction, until none is due.
+func (w *ExpireLeasesWorker) Work(ctx context.Context, job *river.Job[ExpireLeasesArgs]) error {
+	client := river.ClientFromContext[pgx.Tx](ctx)
+	total := 0
+	for {
+		var n int
+		err := db.InTx(ctx, w.deps.Pool, func(tx pgx.Tx) error {
+			leases, err := db.ExpireLeases(ctx, tx, expireBatch)
+			if err != nil {
+				return err
+			}
+			n = len(leases)
+			for _, l := range leases {
+				if _, err := client.InsertTx(ctx, tx, CleanupLeaseArgs{LeaseID: l.ID, Generation: l.Generation}, nil); err != nil {
+					return fmt.Errorf("enqueue cleanup of lease %s: %w", l.ID, err)
+				}
+				if err := db.InsertAudit(ctx, tx, db.AuditEvent{CompanyID: l.CompanyID, ActorType: db.ActorSystem,
+					ActorLabel: "lease expiry", Action: "lease.expired", TargetType: "environment_lease", TargetID: l.ID,
+					Details: map[string]any{"run_id": l.RunID, "generation": l.Generation}}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		total += n
+		if n < expireBatch {
+			break
+		}
+	}
+	if total > 0 {
+		w.deps.Log.Info("leases expired", "count", total)
+	}
+	return nil
+}
+
+// CleanupLeaseArgs asks to clean up after an ended lease whose cleanup is pending: stop what the
+// lease's run left running, then record the cleanup. Generation is the lease generation the
+// cleanup was asked at (from the expiry or the admin action); 0 takes the current one.
+type CleanupLeaseArgs struct {
+	LeaseID    string `json:"lease_id"`
+	Generation int64  `json:"generation,omitempty"`
+}
+
+// Kind names the job in River.
+func (CleanupLeaseArgs) Kind() string { return "cleanup_lease" }
+
+// InsertOpts retries a failed cleanup with River's backoff, cleanupAttempts times in all.
+func (CleanupLeaseArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{MaxAttempts: cleanupAttempts}
+}
+
+// CleanupLeaseWorker cleans up ended leases. It is idempotent: a lease whose cleanup already
+// succeeded, or that is gone, is left alone.
+type CleanupLeaseWorker struct {
+	river.WorkerDefaults[CleanupLeaseArgs]
+	deps Deps
+}
+
+// Work cleans up once; on the last attempt a failure is recorded on the lease (cleanup failed,
+// with the reason), where it stays until an administrator retries.
+func (w *CleanupLeaseWorker) Work(ctx context.Context, job *river.Job[CleanupLeaseArgs]) error {
+	lease, err := leaseForCleanup(ctx, w.deps.Pool, job.Args.LeaseID)
+	if errors.Is(err, db.ErrNotFound) {
+		return nil // deleted: nothing left to clean
+	}
+	if err != nil {
+		return err
+	}
+	if lease.Live() {
+		return river.JobCancel(fmt.Errorf("cleanup lease %s: the lease is still %s", lease.ID, lease.Status))
+	}
+	if lease.CleanupStatus != db.LeaseCleanupPending && lease.CleanupStatus != db.LeaseCleanupFailed {
+		return nil // succeeded already, or nothing was ever asked
+	}
+	gen := job.Args.Generation
+	if gen == 0 {
+		gen = lease.Generation
+	}
+	if cerr := w.cleanup(ctx, lease); cerr != nil {
+		if job.Attempt >= job.MaxAttempts {
+			if _, err := db.MarkLeaseCleanup(context.WithoutCancel(ctx), w.deps.Pool, lease.ID, gen, false, cerr.Error()); err != nil {
+				return errors.Join(cerr, err)
+			}
+		}
+		return cerr
+	}
+	if _, err := db.MarkLeaseCleanup(ctx, w.deps.Pool, lease.ID, gen, true, ""); err != nil {
+		if errors.Is(err, db.ErrFenced) {
+			if now, rerr := db.LeaseByID(ctx, w.deps.Pool, lease.CompanyID, lease.ID); rerr == nil &&
+				now.CleanupStatus == db.LeaseCleanupSucceeded {
+				return nil // finalize (or another cleanup) marked it meanwhile
+			}
+			return river.JobCancel(err)
+		}
+		return err
+	}
+	return nil
+}
+
+// cleanup stops what the lease's run left running on this host. Runs execute on the local
+// driver, so that is every process tagged with the run id. A run that executed on another node
+// cannot be reached from here: its executor stops its command when the fenced lease fails its
+// next heartbeat, and a dead node's processes die with it or are killed by its startup sweep.
+func (w *CleanupLeaseWorker) cleanup(ctx context.Context, lease db.Lease) error {
+	if lease.RunID == "" {
+		return nil
+	}
+	var node string
+	err := w.deps.Pool.QueryRow(ctx, `SELECT node_id FROM runs WHERE id = $1`, lease.RunID).Scan(&node)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cleanup lease %s: %w", lease.ID, err)
+	}
+	if node != w.deps.NodeID && node != "" {
+		w.deps.Log.Info("lease cleanup: the run executed on another node", "lease_id", lease.ID, "run_id", lease.RunID, "node", node)
+		return nil
+	}
+	n, err := environment.KillTagged(ctx, lease.RunID, killGrace)
+	if err != nil {
+		return fmt.Errorf("stop the processes of run %s: %w", lease.RunID, err)
+	}
+	if n > 0 {
+		w.deps.Log.Warn("lease cleanup stopped processes", "lease_id", lease.ID, "run_id", lease.RunID, "processes", n)
+	}
+	return nil
+}
+
+// leaseForCleanup reads a lease by id alone (jobs carry no company).
+func leaseForCleanup(ctx context.Context, q db.Querier, id string) (db.Lease, error) {
+	var company string
+	err := q.QueryRow(ctx, `SELECT company_id::text FROM environment_leases WHERE id = $1`, id).Scan(&company)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return db.Lease{}, db.ErrNotFound
+	}
+	if err != nil {
+		return db.Lease{}, fmt.Errorf("lease %s: %w", id, err)
+	}
+	return db.LeaseByID(ctx, q, company, id)
+}
