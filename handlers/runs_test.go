@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -25,6 +26,7 @@ type runEnv struct {
 	r       roles
 	repo    string
 	project string
+	dataDir string
 }
 
 func setupRuns(t testing.TB) *runEnv {
@@ -35,8 +37,12 @@ func setupRuns(t testing.TB) *runEnv {
 		if err != nil {
 			t.Fatal(err)
 		}
+		artifacts, err := workspace.NewArtifacts(dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
 		client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Workspaces: mgr, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
+			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
 			HomeDir: filepath.Join(dataDir, "homes")}, jobs.ClientOptions{Work: true, MaxWorkers: 4})
 		if err != nil {
 			t.Fatal(err)
@@ -52,7 +58,7 @@ func setupRuns(t testing.TB) *runEnv {
 		d.Jobs = client
 		d.Workspaces = mgr
 	})
-	re := &runEnv{testEnv: e, r: e.roles(), repo: t.TempDir()}
+	re := &runEnv{testEnv: e, r: e.roles(), repo: t.TempDir(), dataDir: dataDir}
 	git := func(args ...string) {
 		cmd := exec.Command("git", args...)
 		cmd.Dir = re.repo
@@ -336,5 +342,55 @@ func TestRunAdmission(t *testing.T) {
 	}
 	if code, _ := re.call(re.r.Board, http.MethodPost, "/api/tasks/"+task.ID+"/runs", map[string]any{"timeout_s": 0}); code != http.StatusUnprocessableEntity {
 		t.Fatalf("timeout 0 = %d", code)
+	}
+}
+
+// TestRunCopyWorkspaceArtifact: an isolated copy of a directory source; finalize packs the result
+// into the artifact store and records it, with the changed paths, as a work product.
+func TestRunCopyWorkspaceArtifact(t *testing.T) {
+	t.Parallel()
+	re := setupRuns(t)
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "notes.txt"), []byte("v1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ws, err := db.CreateProjectWorkspace(ctx, re.pool, re.r.A.ID, re.project, db.ProjectWorkspaceFields{Name: "dir",
+		SourceType: "directory", Source: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.SetPrimaryProjectWorkspace(ctx, re.pool, re.r.A.ID, re.project, ws.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := re.pool.Exec(ctx, `UPDATE projects SET execution_policy = execution_policy || '{"strategy":"copy"}'`); err != nil {
+		t.Fatal(err)
+	}
+	task := re.task("echo v2 > notes.txt && echo new > added.txt")
+	id := re.start(task.ID, nil)
+	run := re.waitRun(id, "the end", ended)
+	if run["status"] != "succeeded" {
+		t.Fatalf("run = %v", run)
+	}
+	if fin, lease := re.settled(run); fin != "settled" || lease != "released" {
+		t.Fatalf("finalize %q lease %q", fin, lease)
+	}
+	var ref string
+	var meta map[string]any
+	if err := re.pool.QueryRow(ctx, `SELECT ref, metadata FROM work_products WHERE run_id = $1 AND kind = 'artifact'`, id).Scan(&ref, &meta); err != nil {
+		t.Fatalf("artifact work product: %v", err)
+	}
+	digest, ok := strings.CutPrefix(ref, "sha256:")
+	if !ok || len(digest) != 64 {
+		t.Fatalf("artifact ref = %q", ref)
+	}
+	if _, err := os.Stat(filepath.Join(re.dataDir, "artifacts", digest)); err != nil {
+		t.Fatalf("the capsule is not in the artifact store: %v", err)
+	}
+	if fmt.Sprint(meta["added"]) != "[added.txt]" || fmt.Sprint(meta["modified"]) != "[notes.txt]" {
+		t.Fatalf("changed paths = added %v modified %v", meta["added"], meta["modified"])
+	}
+	if b, _ := os.ReadFile(filepath.Join(src, "notes.txt")); string(b) != "v1\n" {
+		t.Fatalf("the source directory was changed: %q", b)
 	}
 }

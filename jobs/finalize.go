@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/riverqueue/river"
 
@@ -81,6 +82,9 @@ func (w *FinalizeWorker) finalize(ctx context.Context, run db.Run) error {
 // collect commits a worktree's changes on the task branch and records the branch and the commit
 // as work products.
 func (w *FinalizeWorker) collect(ctx context.Context, run db.Run, ws db.ExecutionWorkspace) error {
+	if ws.Strategy == string(workspace.StrategyCopy) {
+		return w.collectCopy(ctx, run, ws)
+	}
 	if ws.Strategy != string(workspace.StrategyGitWorktree) {
 		return nil
 	}
@@ -140,4 +144,46 @@ func (w *FinalizeWorker) release(ctx context.Context, run db.Run) error {
 		}
 	}
 	return nil
+}
+
+// collectCopy packs a copy workspace into a capsule in the content-addressed artifact store (so
+// it outlives the workspace) and records it as an artifact work product with the changed paths.
+func (w *FinalizeWorker) collectCopy(ctx context.Context, run db.Run, ws db.ExecutionWorkspace) error {
+	if w.deps.Artifacts == nil {
+		return fmt.Errorf("finalize copy: no artifact store on this node")
+	}
+	var (
+		final  workspace.CopyFinal
+		digest string
+		size   int64
+	)
+	err := w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
+		TaskID: run.TaskID, Phase: "finalize", Command: "pack capsule"}, func(log *environment.LogBuffer) (*int, error) {
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			var err error
+			digest, size, err = w.deps.Artifacts.Put(ctx, pr, "")
+			pr.CloseWithError(err)
+			done <- err
+		}()
+		var err error
+		final, err = w.deps.Workspaces.FinalizeCopy(ctx, ws.Ref, pw)
+		pw.CloseWithError(err)
+		if perr := <-done; err == nil {
+			err = perr
+		}
+		if err == nil {
+			fmt.Fprintf(log, "capsule sha256:%s (%d bytes, tree %s): %d added, %d modified, %d removed\n", digest, size,
+				final.Capsule.TreeDigest, len(final.Changes.Added), len(final.Changes.Modified), len(final.Changes.Removed))
+		}
+		return nil, err
+	})
+	if err != nil {
+		return err
+	}
+	return db.AddWorkProduct(ctx, w.deps.Pool, db.WorkProduct{CompanyID: run.CompanyID, TaskID: run.TaskID, RunID: run.ID,
+		ExecutionWorkspaceID: ws.ID, Kind: "artifact", Ref: "sha256:" + digest, Metadata: map[string]any{
+			"size": size, "tree_digest": final.Capsule.TreeDigest, "added": final.Changes.Added,
+			"modified": final.Changes.Modified, "removed": final.Changes.Removed}})
 }

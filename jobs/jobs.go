@@ -25,6 +25,8 @@ type Deps struct {
 	Log  *slog.Logger
 	// Workspaces realizes and finalizes execution workspaces on this node's disk.
 	Workspaces *workspace.Manager
+	// Artifacts keeps capsules of copy workspaces, outside every workspace, by content digest.
+	Artifacts *workspace.Artifacts
 	// APIURL is given to run commands as BERTH_API_URL.
 	APIURL string
 	// NodeID names this node on process-bound rows (runs, operations).

@@ -72,6 +72,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	artifacts, err := workspace.NewArtifacts(c.DataDir)
+	if err != nil {
+		return err
+	}
 	apiURL := ""
 	if c.BaseURL != nil {
 		apiURL = c.BaseURL.String()
@@ -82,7 +86,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	executing := jobs.NewExecuting(node)
 	defer executing.Close()
-	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, APIURL: apiURL, NodeID: node,
+	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node,
 		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing}
 	client, err := jobs.NewClient(deps, jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
 	if err != nil {
