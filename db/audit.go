@@ -155,3 +155,28 @@ func ListAudit(ctx context.Context, q Querier, companyID string, f AuditFilter, 
 	}
 	return events, nil
 }
+
+// UnmanagedReport is a node's latest report of what lies under its managed workspace base
+// without an owner (names only).
+type UnmanagedReport struct {
+	Node       string
+	At         time.Time
+	Unmanaged  []string
+	Unrecorded []string
+}
+
+// LatestUnmanagedReports returns the newest workspace.unmanaged_reported event of every node.
+func LatestUnmanagedReports(ctx context.Context, q Querier) ([]UnmanagedReport, error) {
+	rows, err := q.Query(ctx, `SELECT DISTINCT ON (target_id) target_id, at,
+			coalesce(details->'unmanaged', '[]'), coalesce(details->'unrecorded', '[]')
+		FROM audit_events WHERE company_id IS NULL AND action = 'workspace.unmanaged_reported'
+		ORDER BY target_id, at DESC, id DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("unmanaged reports: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (UnmanagedReport, error) {
+		var u UnmanagedReport
+		err := r.Scan(&u.Node, &u.At, &u.Unmanaged, &u.Unrecorded)
+		return u, err
+	})
+}

@@ -6,6 +6,9 @@ import (
 	"net/http"
 
 	"riverqueue.com/riverui"
+
+	"berth/db"
+	"berth/views"
 )
 
 // adminJobsPrefix is where the River UI is mounted.
@@ -44,4 +47,21 @@ func (s *Server) adminRoutes(mux *http.ServeMux, ui http.Handler) {
 	})
 	mux.Handle(adminJobsPrefix, guard)
 	mux.Handle(adminJobsPrefix+"/", guard)
+}
+
+// unmanagedPage is GET /admin/workspaces (instance admins): the orphan sweep's latest report of
+// unowned entries under each node's workspace base. Anyone else gets a 404.
+func (s *Server) unmanagedPage(w http.ResponseWriter, r *http.Request, p *principal) error {
+	if !p.User.IsInstanceAdmin {
+		return errNotFound
+	}
+	reports, err := db.LatestUnmanagedReports(r.Context(), s.pool)
+	if err != nil {
+		return err
+	}
+	rows := make([]views.UnmanagedRow, 0, len(reports))
+	for _, u := range reports {
+		rows = append(rows, views.UnmanagedRow{Node: u.Node, At: u.At, Unmanaged: u.Unmanaged, Unrecorded: u.Unrecorded})
+	}
+	return s.render(w, r, views.UnmanagedPage(s.frame(r, "Unmanaged directories", ""), rows))
 }

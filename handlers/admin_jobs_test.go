@@ -1,6 +1,7 @@
 package handlers
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -40,5 +41,27 @@ func TestAdminJobsUI(t *testing.T) {
 		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login" {
 			t.Errorf("anonymous: %s = %d, want a redirect to /login", path, resp.StatusCode)
 		}
+	}
+}
+
+// TestUnmanagedPage: instance admins see each node's latest report of unowned workspace
+// directories (names only); members get a 404.
+func TestUnmanagedPage(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	r := e.roles()
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO audit_events (actor_type, action, target_type, target_id, details, at) VALUES
+		('system', 'workspace.unmanaged_reported', 'node', 'node-a', '{"unmanaged":["ws-old"],"unrecorded":[]}', now() - interval '1 hour'),
+		('system', 'workspace.unmanaged_reported', 'node', 'node-a', '{"unmanaged":["stray-<dir>"],"unrecorded":["ws-0123456789abcdef0123456789abcdef"]}', now())`); err != nil {
+		t.Fatal(err)
+	}
+	resp := e.do(e.browser(r.Admin), http.MethodGet, "/admin/workspaces", nil, nil)
+	body := readBody(t, resp)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "stray-&lt;dir&gt;") || strings.Contains(body, "ws-old") ||
+		!strings.Contains(body, "ws-0123456789abcdef0123456789abcdef") {
+		t.Fatalf("admin page = %d:\n%s", resp.StatusCode, body)
+	}
+	if resp := e.do(e.browser(r.Board), http.MethodGet, "/admin/workspaces", nil, nil); resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("board member = %d, want 404", resp.StatusCode)
 	}
 }

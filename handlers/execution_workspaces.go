@@ -888,4 +888,3 @@ func (s *Server) workspaceFormAction(closing bool) func(http.ResponseWriter, *ht
 		return s.renderStatus(w, r, http.StatusConflict, views.WorkspacePage(s.companyFrame(r, a, "Workspace "+shortRef(ws.Ref), "workspaces"), d))
 	}
 }
-

@@ -116,6 +116,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /tasks/{id}/files", s.page(s.filesPage(files)))
 
 	s.adminRoutes(mux, jobsUI)
+	mux.Handle("GET /admin/workspaces", s.page(s.unmanagedPage))
 
 	// Runs (start and cancel: board members).
 	mux.Handle("POST /api/tasks/{id}/runs", s.api(s.createRunAPI))
