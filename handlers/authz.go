@@ -162,3 +162,17 @@ func (s *Server) manageObject(r *http.Request, p *principal, table, id, action, 
 	}
 	return a, nil
 }
+
+// adminObject authorizes an instance-admin change to a company-owned row by id: a reader who is
+// not an instance admin gets 403 (audited as action+".denied"), before any body is read; anyone
+// else the same 404 as for a missing row.
+func (s *Server) adminObject(r *http.Request, p *principal, table, id, action, targetType string) (access, error) {
+	a, err := s.objectAccess(r.Context(), p, table, id)
+	if err != nil {
+		return access{}, err
+	}
+	if err := s.requireAdmin(r, a, action, targetType, id); err != nil {
+		return access{}, err
+	}
+	return a, nil
+}

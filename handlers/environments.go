@@ -557,12 +557,8 @@ func (s *Server) apiGetEnvironment(w http.ResponseWriter, r *http.Request, p *pr
 func (s *Server) apiPatchEnvironment(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "environments", id)
+	a, err := s.adminObject(r, p, "environments", id, "environment.update", "environment")
 	if err != nil {
-		return err
-	}
-	// Refuse before reading the body, so a non-admin learns nothing from validation.
-	if err := s.requireAdmin(r, a, "environment.update", "environment", id); err != nil {
 		return err
 	}
 	b, err := decodeEnvironmentBody(w, r)
@@ -1001,11 +997,8 @@ func (s *Server) createEnvironmentForm(w http.ResponseWriter, r *http.Request, p
 func (s *Server) updateEnvironmentForm(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "environments", id)
+	a, err := s.adminObject(r, p, "environments", id, "environment.update", "environment")
 	if err != nil {
-		return err
-	}
-	if err := s.requireAdmin(r, a, "environment.update", "environment", id); err != nil {
 		return err
 	}
 	f, err := readEnvironmentForm(w, r)
