@@ -17,7 +17,7 @@ import (
 
 // admissionLatency admits a run for each task and returns, per run, the time from admission
 // (created_at) to the command's start (started_at), both on the database clock.
-func admissionLatency(b *testing.B, re *runEnv, tasks []db.Task) []time.Duration {
+func admissionLatency(b testing.TB, re *runEnv, tasks []db.Task) []time.Duration {
 	b.Helper()
 	lat := make([]time.Duration, 0, len(tasks))
 	for _, t := range tasks {
