@@ -119,3 +119,12 @@ func SettleStuckOperations(ctx context.Context, q Querier, age time.Duration) (i
 	}
 	return tag.RowsAffected(), nil
 }
+
+// RunStepSucceeded reports whether a run already has a succeeded step of phase (a retried job
+// skips it).
+func RunStepSucceeded(ctx context.Context, q Querier, runID, phase string) bool {
+	var done bool
+	_ = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM workspace_operations WHERE run_id = $1 AND phase = $2
+		AND status = 'succeeded')`, runID, phase).Scan(&done)
+	return done
+}

@@ -92,7 +92,7 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 		return err
 	}
 
-	if pw.SetupCommand != "" && !job.Args.setupDone(ctx, w.deps.Pool, run.ID) {
+	if pw.SetupCommand != "" && !db.RunStepSucceeded(ctx, w.deps.Pool, run.ID, "setup") {
 		if err := w.setup(ctx, run, ws, pw, plan); err != nil {
 			return w.failRun(ctx, run, db.RunFailed, codeSetupFailed, "The setup command failed: "+err.Error())
 		}
@@ -104,14 +104,6 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 		_, err := river.ClientFromContext[pgx.Tx](ctx).InsertTx(ctx, tx, ExecuteRunArgs{RunID: run.ID}, nil)
 		return err
 	})
-}
-
-// setupDone reports whether this run already has a settled setup step (a retry skips it).
-func (ProvisionArgs) setupDone(ctx context.Context, q db.Querier, runID string) bool {
-	var done bool
-	_ = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM workspace_operations WHERE run_id = $1 AND phase = 'setup'
-		AND status = 'succeeded')`, runID).Scan(&done)
-	return done
 }
 
 // realize finds or makes the run's execution workspace and records it ready.
@@ -145,7 +137,7 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 			err = db.WithSourceLock(ctx, w.deps.Pool, run.CompanyID, pw.Source, func(ctx context.Context) error {
 				var rerr error
 				res, rerr = w.deps.Workspaces.RealizeGitWorktree(ctx, workspace.GitWorktreeSpec{Source: pw.Source,
-					DefaultRef: pw.DefaultRef, TaskKey: task.Key, BranchTemplate: branchTemplate(plan)})
+					DefaultRef: pw.DefaultRef, TaskKey: task.Key, BranchTemplate: plan.Branch}) // the branch the plan showed, taken literally
 				return rerr
 			})
 		}
@@ -186,14 +178,6 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 		return err
 	})
 	return ws, err
-}
-
-// branchTemplate is the branch the plan computed, as a literal template.
-func branchTemplate(plan workspace.Plan) string {
-	if plan.Branch == "" {
-		return ""
-	}
-	return plan.Branch
 }
 
 // setup runs the project workspace's setup command in the workspace, as a ledger step.
