@@ -304,7 +304,7 @@ func (w *CloseWorkspaceWorker) remove(ctx context.Context, job *river.Job[CloseW
 	case err == nil:
 		return nil
 	case errors.Is(err, workspace.ErrNotManaged):
-		return fmt.Errorf("Berth does not manage this workspace's directory on this node (no ownership record, or the directory was replaced), so it deleted nothing; inspect and remove it by hand: %w", err)
+		return fmt.Errorf("berth does not manage this workspace's directory on this node (no ownership record, or the directory was replaced), so it deleted nothing; inspect and remove it by hand: %w", err)
 	case errors.Is(err, workspace.ErrBusy):
 		return fmt.Errorf("the workspace is in use on this node (a run or a file read holds it); close again in a moment: %w", err)
 	}
