@@ -159,21 +159,6 @@ func (s *Server) apiCreateAgent(w http.ResponseWriter, r *http.Request, p *princ
 	return nil
 }
 
-// apiGetAgent is GET /api/agents/{id}: any member of the agent's company or instance admin.
-func (s *Server) apiGetAgent(w http.ResponseWriter, r *http.Request, p *principal) error {
-	id := r.PathValue("id")
-	a, err := s.objectAccess(r.Context(), p, "agents", id)
-	if err != nil {
-		return err
-	}
-	ag, err := db.AgentByID(r.Context(), s.pool, a.Company.ID, id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, agentResponse(ag))
-	return nil
-}
-
 // apiDisableAgent is POST /api/agents/{id}/disable (no body, or {}): board members of the
 // agent's company; idempotent, 200 with the agent.
 func (s *Server) apiDisableAgent(w http.ResponseWriter, r *http.Request, p *principal) error {

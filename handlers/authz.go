@@ -176,3 +176,23 @@ func (s *Server) adminObject(r *http.Request, p *principal, table, id, action, t
 	}
 	return a, nil
 }
+
+// getObjectAPI is the GET handler of one company-owned row: a caller who may not read the owning
+// company gets the same 404 as for a missing row; load reads the row within that company and out
+// shapes it for the API.
+func getObjectAPI[T, J any](s *Server, table string, load func(context.Context, db.Querier, string, string) (T, error),
+	out func(T) J) func(http.ResponseWriter, *http.Request, *principal) error {
+	return func(w http.ResponseWriter, r *http.Request, p *principal) error {
+		id := r.PathValue("id")
+		a, err := s.objectAccess(r.Context(), p, table, id)
+		if err != nil {
+			return err
+		}
+		v, err := load(r.Context(), s.pool, a.Company.ID, id)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, out(v))
+		return nil
+	}
+}

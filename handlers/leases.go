@@ -237,21 +237,6 @@ func (s *Server) apiListLeases(w http.ResponseWriter, r *http.Request, p *princi
 	return nil
 }
 
-// apiGetLease is GET /api/leases/{id}: any reader of the lease's company.
-func (s *Server) apiGetLease(w http.ResponseWriter, r *http.Request, p *principal) error {
-	id := r.PathValue("id")
-	a, err := s.objectAccess(r.Context(), p, "environment_leases", id)
-	if err != nil {
-		return err
-	}
-	l, err := db.LeaseByID(r.Context(), s.pool, a.Company.ID, id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, newLeaseJSON(l))
-	return nil
-}
-
 // Errors of the administrator's lease actions.
 var (
 	errLeaseNotLive = &httpError{Status: http.StatusConflict, Code: "lease_not_live",

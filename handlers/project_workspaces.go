@@ -632,22 +632,6 @@ func (s *Server) apiCreateProjectWorkspace(w http.ResponseWriter, r *http.Reques
 	return nil
 }
 
-// apiGetProjectWorkspace returns one workspace to any reader of its company.
-func (s *Server) apiGetProjectWorkspace(w http.ResponseWriter, r *http.Request, p *principal) error {
-	ctx := r.Context()
-	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "project_workspaces", id)
-	if err != nil {
-		return err
-	}
-	pw, err := db.ProjectWorkspaceByID(ctx, s.pool, a.Company.ID, id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, projectWorkspaceOut(pw))
-	return nil
-}
-
 // apiPatchProjectWorkspace changes a workspace: board members only; 200.
 func (s *Server) apiPatchProjectWorkspace(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()

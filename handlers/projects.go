@@ -475,22 +475,6 @@ func (s *Server) apiCreateProject(w http.ResponseWriter, r *http.Request, p *pri
 	return nil
 }
 
-// apiGetProject returns one project to any reader of its company.
-func (s *Server) apiGetProject(w http.ResponseWriter, r *http.Request, p *principal) error {
-	ctx := r.Context()
-	id := r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "projects", id)
-	if err != nil {
-		return err
-	}
-	proj, err := db.ProjectByID(ctx, s.pool, a.Company.ID, id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, projectOut(proj))
-	return nil
-}
-
 // apiPatchProject changes a project: board members only; 200 with the project.
 func (s *Server) apiPatchProject(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()

@@ -41,7 +41,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// Agents (changes: board members).
 	mux.Handle("GET /api/companies/{cid}/agents", s.api(s.apiListAgents))
 	mux.Handle("POST /api/companies/{cid}/agents", s.api(s.apiCreateAgent))
-	mux.Handle("GET /api/agents/{id}", s.api(s.apiGetAgent))
+	mux.Handle("GET /api/agents/{id}", s.api(getObjectAPI(s, "agents", db.AgentByID, agentResponse)))
 	mux.Handle("POST /api/agents/{id}/disable", s.api(s.apiDisableAgent))
 
 	mux.Handle("GET /companies/{cid}/agents", s.page(s.agentsPage))
@@ -55,7 +55,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// Projects (changes: board members).
 	mux.Handle("GET /api/companies/{cid}/projects", s.api(s.apiListProjects))
 	mux.Handle("POST /api/companies/{cid}/projects", s.api(s.apiCreateProject))
-	mux.Handle("GET /api/projects/{id}", s.api(s.apiGetProject))
+	mux.Handle("GET /api/projects/{id}", s.api(getObjectAPI(s, "projects", db.ProjectByID, projectOut)))
 	mux.Handle("PATCH /api/projects/{id}", s.api(s.apiPatchProject))
 
 	mux.Handle("GET /companies/{cid}", s.page(s.projectsPage))
@@ -68,7 +68,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// Project workspaces (changes: board members).
 	mux.Handle("GET /api/projects/{id}/workspaces", s.api(s.apiListProjectWorkspaces))
 	mux.Handle("POST /api/projects/{id}/workspaces", s.api(s.apiCreateProjectWorkspace))
-	mux.Handle("GET /api/project-workspaces/{id}", s.api(s.apiGetProjectWorkspace))
+	mux.Handle("GET /api/project-workspaces/{id}", s.api(getObjectAPI(s, "project_workspaces", db.ProjectWorkspaceByID, projectWorkspaceOut)))
 	mux.Handle("PATCH /api/project-workspaces/{id}", s.api(s.apiPatchProjectWorkspace))
 	mux.Handle("DELETE /api/project-workspaces/{id}", s.api(s.apiDeleteProjectWorkspace))
 
@@ -94,7 +94,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// Tasks, effective plan, workspace binding (changes: board members).
 	mux.Handle("GET /api/projects/{id}/tasks", s.api(s.listTasksAPI))
 	mux.Handle("POST /api/projects/{id}/tasks", s.api(s.createTaskAPI))
-	mux.Handle("GET /api/tasks/{id}", s.runAPI(s.getTaskAPI))
+	mux.Handle("GET /api/tasks/{id}", s.runAPI(getObjectAPI(s, "tasks", db.TaskByID, newTaskJSON)))
 	mux.Handle("PATCH /api/tasks/{id}", s.api(s.patchTaskAPI))
 	mux.Handle("GET /api/tasks/{id}/plan", s.runAPI(s.planAPI))
 	mux.Handle("GET /api/tasks/{id}/workspace", s.runAPI(s.getBindingAPI))
@@ -120,7 +120,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 
 	// Runs (start and cancel: board members).
 	mux.Handle("POST /api/tasks/{id}/runs", s.api(s.createRunAPI))
-	mux.Handle("GET /api/runs/{id}", s.api(s.getRunAPI))
+	mux.Handle("GET /api/runs/{id}", s.api(getObjectAPI(s, "runs", db.RunByID, newRunJSON)))
 	mux.Handle("GET /api/runs/{id}/log", s.api(s.runLogAPI))
 	mux.Handle("POST /api/runs/{id}/cancel", s.api(s.cancelRunAPI))
 
@@ -146,7 +146,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 
 	// Environment leases (force release and retry cleanup: instance admins).
 	mux.Handle("GET /api/companies/{cid}/leases", s.api(s.apiListLeases))
-	mux.Handle("GET /api/leases/{id}", s.api(s.apiGetLease))
+	mux.Handle("GET /api/leases/{id}", s.api(getObjectAPI(s, "environment_leases", db.LeaseByID, newLeaseJSON)))
 	mux.Handle("POST /api/leases/{id}/release", s.api(s.apiForceReleaseLease))
 	mux.Handle("POST /api/leases/{id}/retry-cleanup", s.api(s.apiRetryLeaseCleanup))
 

@@ -158,21 +158,6 @@ func (s *Server) createRunAPI(w http.ResponseWriter, r *http.Request, p *princip
 	return nil
 }
 
-// getRunAPI is GET /api/runs/{id}: any reader of the run's company.
-func (s *Server) getRunAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
-	id := r.PathValue("id")
-	a, err := s.objectAccess(r.Context(), p, "runs", id)
-	if err != nil {
-		return err
-	}
-	run, err := db.RunByID(r.Context(), s.pool, a.Company.ID, id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, newRunJSON(run))
-	return nil
-}
-
 // runLogAPI is GET /api/runs/{id}/log?offset=N: the stored log bytes after N as text/plain, with
 // the next offset in X-Log-Offset, for tailing.
 func (s *Server) runLogAPI(w http.ResponseWriter, r *http.Request, p *principal) error {

@@ -238,21 +238,6 @@ func (s *Server) createTaskAPI(w http.ResponseWriter, r *http.Request, p *princi
 	return nil
 }
 
-// getTaskAPI returns one task.
-func (s *Server) getTaskAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
-	ctx, id := r.Context(), r.PathValue("id")
-	a, err := s.objectAccess(ctx, p, "tasks", id)
-	if err != nil {
-		return err
-	}
-	t, err := db.TaskByID(ctx, s.pool, a.Company.ID, id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, newTaskJSON(t))
-	return nil
-}
-
 // taskField is one member of a PATCH body: whether it was named, and whether it was null.
 type taskField[T any] struct {
 	Set   bool
