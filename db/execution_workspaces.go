@@ -291,9 +291,10 @@ func WorkspaceLeases(ctx context.Context, q Querier, companyID, workspaceID stri
 		limit = 1 << 20
 	}
 	rows, err := q.Query(ctx, `SELECT `+leaseColumns+` FROM environment_leases l
-		WHERE l.company_id = $1 AND l.execution_workspace_id = $2 AND (NOT $3 OR l.status = ANY($4))
-		ORDER BY (l.status = ANY($4)) DESC, l.created_at DESC, l.id DESC LIMIT $5`,
-		companyID, workspaceID, live, LiveLeaseStatuses, limit)
+		WHERE l.company_id = $1 AND l.execution_workspace_id = $2
+			AND (NOT $3 OR l.status IN ('acquiring', 'active', 'releasing'))
+		ORDER BY (l.status IN ('acquiring', 'active', 'releasing')) DESC, l.created_at DESC, l.id DESC LIMIT $4`,
+		companyID, workspaceID, live, limit)
 	if err != nil {
 		return nil, fmt.Errorf("workspace leases: %w", err)
 	}

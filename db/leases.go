@@ -163,11 +163,14 @@ const acquireAttempts = 3
 // both win: the loser gets ErrLeaseBusy and nothing is written. When the live lease already
 // belongs to req.RunID, the caller takes it over instead: same lease, generation + 1 and a fresh
 // expiry, so a retried job adopts what its first attempt acquired and that attempt, if it is still
-// running somewhere, is fenced out. To read a lease without taking it, use LeaseByID. An unknown or
-// foreign environment or workspace is ErrNotFound; an archived environment or a closing or closed
-// workspace is ErrLeaseUnavailable. The environment and workspace rows are share-locked for the
-// insert, so archiving or closing them (which lock them for update and then count live leases)
-// cannot interleave with it.
+// running somewhere, is fenced out. To read a lease without taking it, use LeaseByID.
+//
+// The insert checks the references that decide whether a lease may exist (environment_leases has
+// no foreign keys: see migration 0004): an unknown or foreign environment or workspace is
+// ErrNotFound; an archived environment or a closing or closed workspace is ErrLeaseUnavailable.
+// Both rows are share-locked for the insert, so archiving or closing them (which lock them for
+// update and then count live leases) cannot interleave with it. TaskID and RunID are recorded as
+// given: they are the caller's own run, read from the database for the same company.
 func AcquireLease(ctx context.Context, q Querier, req LeaseRequest) (Lease, error) {
 	for _, id := range []string{req.CompanyID, req.EnvironmentID, req.ExecutionWorkspaceID} {
 		if !validUUID(id) {
@@ -183,22 +186,29 @@ func AcquireLease(ctx context.Context, q Querier, req LeaseRequest) (Lease, erro
 		return Lease{}, fmt.Errorf("acquire lease: ttl %v is not positive", req.TTL)
 	}
 	for range acquireAttempts {
-		l, err := scanLease(q.QueryRow(ctx, `INSERT INTO environment_leases AS l
+		// Only what the insert decides is read back; the rest of the new row is the request.
+		l := Lease{CompanyID: req.CompanyID, EnvironmentID: req.EnvironmentID, ExecutionWorkspaceID: req.ExecutionWorkspaceID,
+			TaskID: req.TaskID, RunID: req.RunID, Status: LeaseActive, Generation: 1, CleanupStatus: LeaseCleanupNone}
+		var expires time.Time
+		err := q.QueryRow(ctx, `INSERT INTO environment_leases AS l
 				(company_id, environment_id, execution_workspace_id, task_id, run_id, status, generation,
-				 acquired_at, heartbeat_at, expires_at)
-			SELECT e.company_id, e.id, w.id, $4::uuid, $5::uuid, 'active', 1, now(), now(), now() + $6::interval
-			FROM environments e, execution_workspaces w
-			WHERE e.company_id = $1 AND e.id = $2 AND e.status = 'active'
-				AND w.company_id = $1 AND w.id = $3 AND w.status NOT IN ('closing', 'closed')
+				 acquired_at, heartbeat_at, expires_at, created_at)
+			SELECT e.company_id, e.id, w.id, $4::uuid, $5::uuid, 'active', 1, now(), now(), now() + $6::interval, now()
+			FROM environments e
+			JOIN execution_workspaces w ON w.company_id = e.company_id AND w.id = $3
+			WHERE e.company_id = $1 AND e.id = $2 AND e.status = 'active' AND w.status NOT IN ('closing', 'closed')
 			FOR SHARE OF e, w
 			ON CONFLICT (environment_id, execution_workspace_id) WHERE status IN ('acquiring', 'active', 'releasing')
 			DO NOTHING
-			RETURNING `+leaseColumns,
-			req.CompanyID, req.EnvironmentID, req.ExecutionWorkspaceID, nullable(req.TaskID), nullable(req.RunID), req.TTL))
+			RETURNING l.id, l.created_at, l.expires_at, statement_timestamp()`,
+			req.CompanyID, req.EnvironmentID, req.ExecutionWorkspaceID, nullable(req.TaskID), nullable(req.RunID), req.TTL,
+		).Scan(&l.ID, &l.CreatedAt, &expires, &l.ReadAt)
 		if err == nil {
+			acquired, heartbeat := l.CreatedAt, l.CreatedAt // one now(): the same instant
+			l.AcquiredAt, l.HeartbeatAt, l.ExpiresAt = &acquired, &heartbeat, &expires
 			return l, nil
 		}
-		if !errors.Is(err, ErrNotFound) {
+		if !errors.Is(err, pgx.ErrNoRows) {
 			return Lease{}, fmt.Errorf("acquire lease: %w", err)
 		}
 		// Nothing inserted: a live lease holds the slot, or the targets refuse a lease.
@@ -265,14 +275,29 @@ func HeartbeatLease(ctx context.Context, q Querier, id string, gen int64, ttl ti
 		RETURNING `+leaseColumns, ttl)
 }
 
-// ReleaseLease ends a live lease the caller holds at generation gen: released, with the reason
-// and a pending cleanup at the same generation (enqueue the cleanup job in the same transaction).
-// A lost or already ended lease is ErrFenced.
-func ReleaseLease(ctx context.Context, q Querier, id string, gen int64, reason string) (Lease, error) {
-	return fencedWrite(ctx, q, "release", id, gen, `UPDATE environment_leases AS l
+// ReleaseLease ends the live lease l that the caller holds, at l.Generation: released, with the
+// reason and a pending cleanup at the same generation (enqueue the cleanup job in the same
+// transaction). It returns l as released: the fields the release sets (Status, ReleasedAt,
+// CleanupStatus, FailureReason, ReadAt) come from the database, the others are the caller's copy.
+// Only those are read back because a release is on every run's path. A lost or already ended
+// lease is ErrFenced.
+func ReleaseLease(ctx context.Context, q Querier, l Lease, reason string) (Lease, error) {
+	if !validUUID(l.ID) {
+		return Lease{}, fmt.Errorf("release lease %s: %w", l.ID, ErrNotFound)
+	}
+	var released time.Time
+	err := q.QueryRow(ctx, `UPDATE environment_leases
 		SET status = 'released', released_at = now(), cleanup_status = 'pending', failure_reason = $3
-		WHERE l.id = $1 AND l.generation = $2 AND l.status IN ('acquiring', 'active', 'releasing')
-		RETURNING `+leaseColumns, reason)
+		WHERE id = $1 AND generation = $2 AND status IN ('acquiring', 'active', 'releasing')
+		RETURNING released_at, statement_timestamp()`, l.ID, l.Generation, reason).Scan(&released, &l.ReadAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Lease{}, fenced(ctx, q, "release", l.ID, l.Generation)
+	}
+	if err != nil {
+		return Lease{}, fmt.Errorf("release lease %s: %w", l.ID, err)
+	}
+	l.Status, l.ReleasedAt, l.CleanupStatus, l.FailureReason = LeaseReleased, &released, LeaseCleanupPending, reason
+	return l, nil
 }
 
 // FailLease ends a live lease the caller holds at generation gen as failed (the environment could
@@ -300,7 +325,7 @@ func SetLeaseProviderRef(ctx context.Context, q Querier, id string, gen int64, r
 // cleanup or a stale generation is ErrFenced.
 func MarkLeaseCleanup(ctx context.Context, q Querier, id string, gen int64, ok bool, reason string) (Lease, error) {
 	return fencedWrite(ctx, q, "mark cleanup", id, gen, `UPDATE environment_leases AS l
-		SET cleanup_status = CASE WHEN $3 THEN 'succeeded' ELSE 'failed' END,
+		SET cleanup_status = (CASE WHEN $3 THEN 'succeeded' ELSE 'failed' END)::lease_cleanup_status,
 			cleanup_attempts = l.cleanup_attempts + 1,
 			failure_reason = CASE WHEN $3 THEN l.failure_reason ELSE $4 END
 		WHERE l.id = $1 AND l.generation = $2 AND l.status IN ('released', 'expired', 'failed')
@@ -500,7 +525,7 @@ func ListLeases(ctx context.Context, q Querier, companyID string, f LeaseFilter)
 	limit = min(limit, 200)
 	rows, err := q.Query(ctx, `SELECT `+leaseColumns+` FROM environment_leases l
 		WHERE l.company_id = $1
-			AND (cardinality($2::text[]) = 0 OR l.status = ANY ($2::text[]))
+			AND (cardinality($2::text[]) = 0 OR l.status::text = ANY ($2::text[]))
 			AND ($3::uuid IS NULL OR l.environment_id = $3::uuid)
 			AND ($5::uuid IS NULL OR (l.created_at, l.id) < ($4::timestamptz, $5::uuid))
 		ORDER BY l.created_at DESC, l.id DESC LIMIT $6`,

@@ -3,6 +3,7 @@ package db_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -211,7 +212,7 @@ func TestLeaseAcquireRace(t *testing.T) {
 		if n, err := f.liveCount(ctx, conns[0], 0, 0); err != nil || n != 1 {
 			t.Fatalf("round %d: %d live leases (%v), want 1", round, n, err)
 		}
-		if _, err := db.ReleaseLease(ctx, conns[winner], l.ID, l.Generation, "round over"); err != nil {
+		if _, err := db.ReleaseLease(ctx, conns[winner], l, "round over"); err != nil {
 			t.Fatalf("round %d: release: %v", round, err)
 		}
 	}
@@ -224,6 +225,43 @@ func TestLeaseAcquireRace(t *testing.T) {
 		t.Fatalf("%d leases, %d released; want %d of each", total, released, rounds)
 	}
 	t.Logf("wins per worker: %v", wins)
+}
+
+// TestLeaseAcquireAndReleaseReturnTheRow: AcquireLease and ReleaseLease read back only the
+// columns they decide and fill in the rest; what they return must still be the stored row.
+func TestLeaseAcquireAndReleaseReturnTheRow(t *testing.T) {
+	t.Parallel()
+	f := setupLeases(t, 1, 1, 1)
+	ctx := context.Background()
+	same := func(step string, got db.Lease) {
+		t.Helper()
+		stored, err := db.LeaseByID(ctx, f.pool, f.company, got.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ReadAt.IsZero() || got.ReadAt.After(stored.ReadAt) {
+			t.Errorf("%s: ReadAt %v, read again at %v", step, got.ReadAt, stored.ReadAt)
+		}
+		got.ReadAt, stored.ReadAt = time.Time{}, time.Time{}
+		if !reflect.DeepEqual(got, stored) {
+			t.Errorf("%s returned\n%+v\nstored\n%+v", step, got, stored)
+		}
+	}
+	l := f.acquire(t, 0, 0, 0)
+	same("acquire", l)
+	if l.Status != db.LeaseActive || l.Generation != 1 || l.RunID != f.runs[0] || l.TaskID != f.tasks[0] ||
+		l.ExpiresAt == nil || !l.ExpiresAt.After(l.CreatedAt) {
+		t.Fatalf("acquired %+v", l)
+	}
+	released, err := db.ReleaseLease(ctx, f.pool, l, "run succeeded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("release", released)
+	if released.Status != db.LeaseReleased || released.CleanupStatus != db.LeaseCleanupPending ||
+		released.FailureReason != "run succeeded" || released.ReleasedAt == nil {
+		t.Fatalf("released %+v", released)
+	}
 }
 
 // TestLeaseFencedWrites: a holder presenting a stale generation, or writing to a lease that is no
@@ -251,7 +289,8 @@ func TestLeaseFencedWrites(t *testing.T) {
 		return err
 	}
 	release := func(l db.Lease, gen int64) error {
-		_, err := db.ReleaseLease(ctx, f.pool, l.ID, gen, "done")
+		l.Generation = gen
+		_, err := db.ReleaseLease(ctx, f.pool, l, "done")
 		return err
 	}
 	fail := func(l db.Lease, gen int64) error {
@@ -550,7 +589,7 @@ func TestLeaseAcquireRules(t *testing.T) {
 	// Other environment, other workspace: separate slots.
 	f.acquire(t, 1, 0, 1)
 	f.acquire(t, 0, 1, 1)
-	if _, err := db.ReleaseLease(ctx, f.pool, first.ID, first.Generation, "done"); err != nil {
+	if _, err := db.ReleaseLease(ctx, f.pool, first, "done"); err != nil {
 		t.Fatal(err)
 	}
 	if next := f.acquire(t, 0, 0, 1); next.ID == first.ID {
@@ -685,7 +724,7 @@ func TestListLeases(t *testing.T) {
 			l := f.acquire(t, e, w, -1)
 			if w%2 == 1 {
 				var err error
-				if l, err = db.ReleaseLease(ctx, f.pool, l.ID, l.Generation, "done"); err != nil {
+				if l, err = db.ReleaseLease(ctx, f.pool, l, "done"); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -280,7 +280,7 @@ func TestLeaseForceReleaseFencesHolder(t *testing.T) {
 	if _, err := db.HeartbeatLease(ctx, le.pool, l.ID, l.Generation, time.Minute); !errors.Is(err, db.ErrFenced) {
 		t.Fatalf("heartbeat with the old generation = %v, want ErrFenced", err)
 	}
-	if _, err := db.ReleaseLease(ctx, le.pool, l.ID, l.Generation, "run done"); !errors.Is(err, db.ErrFenced) {
+	if _, err := db.ReleaseLease(ctx, le.pool, l, "run done"); !errors.Is(err, db.ErrFenced) {
 		t.Fatalf("release with the old generation = %v, want ErrFenced", err)
 	}
 	if leaseRowJSON(le.testEnv, l.ID) != released {
@@ -389,7 +389,7 @@ func TestLeaseRetryCleanup(t *testing.T) {
 	ctx := context.Background()
 	live := le.lease(le.envA)
 	l := le.lease(le.envA)
-	l, err := db.ReleaseLease(ctx, le.pool, l.ID, l.Generation, "run succeeded")
+	l, err := db.ReleaseLease(ctx, le.pool, l, "run succeeded")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +475,7 @@ func TestLeaseListFiltersAndPagination(t *testing.T) {
 	active1 := le.lease(le.envA)
 	active2 := le.lease(envA2)
 	released := le.lease(le.envA)
-	if _, err := db.ReleaseLease(ctx, le.pool, released.ID, released.Generation, "done"); err != nil {
+	if _, err := db.ReleaseLease(ctx, le.pool, released, "done"); err != nil {
 		t.Fatal(err)
 	}
 	failed := le.lease(envA2)
@@ -594,7 +594,7 @@ func TestLeasePages(t *testing.T) {
 	la := le.lease(evil)
 	lb := le.lease(le.envB)
 	ended := le.lease(le.envA)
-	ended, err := db.ReleaseLease(ctx, le.pool, ended.ID, ended.Generation, "done")
+	ended, err := db.ReleaseLease(ctx, le.pool, ended, "done")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -134,7 +134,7 @@ func (w *FinalizeWorker) release(ctx context.Context, run db.Run) error {
 		return err
 	}
 	if lease.Status == db.LeaseActive || lease.Status == db.LeaseAcquiring {
-		if lease, err = db.ReleaseLease(ctx, w.deps.Pool, lease.ID, lease.Generation, "run "+run.Status); err != nil {
+		if lease, err = db.ReleaseLease(ctx, w.deps.Pool, lease, "run "+run.Status); err != nil {
 			return err
 		}
 	}
