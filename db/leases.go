@@ -282,19 +282,15 @@ func HeartbeatLease(ctx context.Context, q Querier, id string, gen int64, ttl ti
 // Only those are read back because a release is on every run's path. A lost or already ended
 // lease is ErrFenced.
 func ReleaseLease(ctx context.Context, q Querier, l Lease, reason string) (Lease, error) {
-	if !validUUID(l.ID) {
-		return Lease{}, fmt.Errorf("release lease %s: %w", l.ID, ErrNotFound)
-	}
 	var released time.Time
-	err := q.QueryRow(ctx, `UPDATE environment_leases
-		SET status = 'released', released_at = now(), cleanup_status = 'pending', failure_reason = $3
-		WHERE id = $1 AND generation = $2 AND status IN ('acquiring', 'active', 'releasing')
-		RETURNING released_at, statement_timestamp()`, l.ID, l.Generation, reason).Scan(&released, &l.ReadAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Lease{}, fenced(ctx, q, "release", l.ID, l.Generation)
-	}
+	err := fencedRow(ctx, q, "release", l.ID, l.Generation, func() error {
+		return q.QueryRow(ctx, `UPDATE environment_leases
+			SET status = 'released', released_at = now(), cleanup_status = 'pending', failure_reason = $3
+			WHERE id = $1 AND generation = $2 AND status IN ('acquiring', 'active', 'releasing')
+			RETURNING released_at, statement_timestamp()`, l.ID, l.Generation, reason).Scan(&released, &l.ReadAt)
+	})
 	if err != nil {
-		return Lease{}, fmt.Errorf("release lease %s: %w", l.ID, err)
+		return Lease{}, err
 	}
 	l.Status, l.ReleasedAt, l.CleanupStatus, l.FailureReason = LeaseReleased, &released, LeaseCleanupPending, reason
 	return l, nil
@@ -352,20 +348,31 @@ func DeleteLease(ctx context.Context, q Querier, id string, gen int64) error {
 	return nil
 }
 
-// fencedWrite runs one conditional UPDATE … RETURNING on (id, generation) with args after them and
-// turns "no row" into ErrFenced plus its audit event.
+// fencedWrite runs one conditional UPDATE … RETURNING leaseColumns on (id, generation) with args
+// after them and turns "no row" into ErrFenced plus its audit event.
 func fencedWrite(ctx context.Context, q Querier, op, id string, gen int64, sql string, args ...any) (Lease, error) {
+	var l Lease
+	err := fencedRow(ctx, q, op, id, gen, func() (err error) {
+		l, err = scanLease(q.QueryRow(ctx, sql, append([]any{id, gen}, args...)...))
+		return err
+	})
+	return l, err
+}
+
+// fencedRow runs write, a conditional write on (id, generation) that reads back one row, and turns
+// "no row" into ErrFenced plus its audit event; other errors are wrapped with op.
+func fencedRow(ctx context.Context, q Querier, op, id string, gen int64, write func() error) error {
 	if !validUUID(id) {
-		return Lease{}, fmt.Errorf("%s lease %s: %w", op, id, ErrNotFound)
+		return fmt.Errorf("%s lease %s: %w", op, id, ErrNotFound)
 	}
-	l, err := scanLease(q.QueryRow(ctx, sql, append([]any{id, gen}, args...)...))
-	if errors.Is(err, ErrNotFound) {
-		return Lease{}, fenced(ctx, q, op, id, gen)
+	err := write()
+	if errors.Is(err, ErrNotFound) || errors.Is(err, pgx.ErrNoRows) {
+		return fenced(ctx, q, op, id, gen)
 	}
 	if err != nil {
-		return Lease{}, fmt.Errorf("%s lease %s: %w", op, id, err)
+		return fmt.Errorf("%s lease %s: %w", op, id, err)
 	}
-	return l, nil
+	return nil
 }
 
 // fenced records the lease.fenced audit event for a refused write, in its own statement after the
