@@ -24,14 +24,14 @@ assets: ## Install the front-end packages from npm and copy them into static/ven
 deps: ## Install what the tests need (PostgreSQL server binaries, npm packages)
 	./scripts/test-deps.sh
 
-test: deps assets ## Install what the tests need, then go vet and every test with the race detector
-	go vet ./...
+test: deps verify ## Install what the tests need, run verify, then every test with the race detector
 	BERTH_REQUIRE_BROWSER=1 go test -race -count=1 $(GO_TEST_FLAGS) ./...
 
 generate: ## Regenerate templ output (commit the result)
 	go tool templ generate -path views
 
-verify: assets ## Check generated code is fresh, gofmt is clean and go vet passes
+verify: assets ## Check go.mod is tidy, generated code is fresh, gofmt is clean and go vet passes
+	@go mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result"; exit 1; }
 	go tool templ generate -path views
 	@git diff --exit-code -- views || { echo "generated templ code was stale: commit the regenerated files"; exit 1; }
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
