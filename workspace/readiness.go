@@ -280,8 +280,7 @@ func EvaluateClose(s CloseSnapshot) Readiness {
 	}
 	if deletes && worktree && gitKnown {
 		g := r.Git
-		dirty := g.Dirty > 0 || g.Untracked > 0
-		unmerged := g.Ahead > 0 && !g.Merged
+		dirty, unmerged := s.Git.WorkAtRisk()
 		r.DestructiveRequired = dirty || unmerged
 		if dirty && !s.ConfirmDestructive {
 			r.block(BlockDirtyWorktree, "The worktree has %s; closing deletes %s. Finalize (commit) the work, or confirm a destructive close: Berth then saves it to a rescue ref first.",
@@ -350,6 +349,14 @@ func EvaluateClose(s CloseSnapshot) Readiness {
 	}
 	r.plan(ActionArchiveRecord, label, "berth: archive execution workspace "+shellWord(w.ID)+" generation "+strconv.FormatInt(w.Generation, 10))
 	return r.settle()
+}
+
+// WorkAtRisk is the one rule for what deleting a worktree in state g would lose: uncommitted or
+// untracked files (dirty), and commits that are not merged into the base (unmerged). EvaluateClose
+// blocks on it, and the close job checks it again before it deletes a worktree accepted as clean.
+// The answer means nothing when g is not Readable.
+func (g GitState) WorkAtRisk() (dirty, unmerged bool) {
+	return g.Dirty > 0 || g.Untracked > 0, g.Ahead > 0 && !g.Merged
 }
 
 // settle sets the state from the reasons collected.

@@ -246,6 +246,30 @@ func indexOf(list []string, s string) int {
 	return -1
 }
 
+// TestWorkAtRisk pins the one rule both EvaluateClose and the close job apply before deleting a
+// worktree.
+func TestWorkAtRisk(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name            string
+		g               GitState
+		dirty, unmerged bool
+	}{
+		{"clean and merged", GitState{Readable: true, Merged: true}, false, false},
+		{"behind only", GitState{Readable: true, Behind: 3, Merged: true}, false, false},
+		{"uncommitted change", GitState{Readable: true, Dirty: 1, Merged: true}, true, false},
+		{"untracked file", GitState{Readable: true, Untracked: 1, Merged: true}, true, false},
+		{"unmerged commit", GitState{Readable: true, Ahead: 2}, false, true},
+		{"ahead but merged", GitState{Readable: true, Ahead: 2, Merged: true}, false, false},
+		{"both", GitState{Readable: true, Dirty: 1, Ahead: 1}, true, true},
+	}
+	for _, tc := range cases {
+		if dirty, unmerged := tc.g.WorkAtRisk(); dirty != tc.dirty || unmerged != tc.unmerged {
+			t.Errorf("%s: WorkAtRisk = %v %v, want %v %v", tc.name, dirty, unmerged, tc.dirty, tc.unmerged)
+		}
+	}
+}
+
 func TestEvaluateCloseCommands(t *testing.T) {
 	t.Parallel()
 	s := cleanClose()
