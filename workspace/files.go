@@ -45,8 +45,11 @@ const (
 // checked in this order: input rules (ErrBadPath, 400), the deny list on the requested path
 // (ErrDenied, 403), then resolution one component at a time: a component that leaves the root through
 // ".." or a symlink is ErrEscape (403), a denied component of the real path (after symlinks) is
-// ErrDenied (403), a missing one ErrNotFound (404). Only single-link regular files are read (others
-// are ErrNotRegular or ErrHardLink, 403), and files over MaxFileSize are ErrTooLarge (413).
+// ErrDenied (403), a missing one ErrNotFound (404). A directory that is a git directory (a bare
+// repository, or a .git directory under another name; see isGitDir) is denied like .git: a root that
+// is one is ErrDenied for every path, one inside a root is ErrDenied when a path enters it and is
+// pruned from listings. Only single-link regular files are read (others are ErrNotRegular or
+// ErrHardLink, 403), and files over MaxFileSize are ErrTooLarge (413).
 //
 // Resolution never lets the kernel follow a symlink: each directory is opened with
 // openat(O_NOFOLLOW|O_DIRECTORY) from its parent's descriptor and checked against the fstatat that
@@ -145,6 +148,10 @@ func (f *Files) lookup(ctx context.Context, root, p string, want wantKind) (reso
 	rootfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return resolved{}, fmt.Errorf("root %q: %w", root, ErrNotFound)
+	}
+	if isGitDir(rootfd) {
+		unix.Close(rootfd)
+		return resolved{}, fmt.Errorf("root %q is a git directory: %w", root, ErrDenied)
 	}
 	if slash && want == wantFile {
 		want = wantDir // "x/" names a directory: a file there is "not a directory", a directory is not a file
@@ -249,6 +256,10 @@ func walk(ctx context.Context, rootfd int, comps []string, want wantKind) (res r
 				unix.Close(fd)
 				return res, fmt.Errorf("%q: %w", relOf(c), errRaced)
 			}
+			if isGitDir(fd) {
+				unix.Close(fd)
+				return res, fmt.Errorf("%q is a git directory: %w", relOf(c), ErrDenied)
+			}
 			stack = append(stack, frame{fd: fd, name: c})
 		case unix.S_IFREG:
 			if !last {
@@ -291,6 +302,38 @@ func walk(ctx context.Context, rootfd int, comps []string, want wantKind) (res r
 		return res, err
 	}
 	return resolved{rel: relOf(""), fd: top.fd, st: st}, nil
+}
+
+// isGitDir reports whether the open directory fd is a git directory by git's own test
+// (is_git_directory in git's setup.c): a HEAD file, an objects/ and a refs/ directory. That holds for
+// a bare repository whatever its core.bare says (git init --bare, clone --bare or --mirror) and for a
+// .git directory copied under another name, and not for a work tree, whose git directory is its .git
+// entry (a work tree that itself holds HEAD, objects/ and refs/ is hidden too: the safe side).
+// Errors count as "no": a directory Berth cannot search shows no entries and cannot be entered anyway.
+func isGitDir(fd int) bool {
+	var st unix.Stat_t
+	if unix.Fstatat(fd, "HEAD", &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+		return false
+	}
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFLNK { // old gits made HEAD a symlink
+		return false
+	}
+	for _, d := range [...]string{"objects", "refs"} {
+		if unix.Fstatat(fd, d, &st, 0) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return false
+		}
+	}
+	return true
+}
+
+// isGitDirAt is isGitDir for the directory name in dirfd; it does not follow a symlink at name.
+func isGitDirAt(dirfd int, name string) bool {
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return isGitDir(fd)
 }
 
 // hasMore reports whether queue still names a component other than "" or ".".
@@ -402,8 +445,8 @@ func sniff(b []byte, truncated bool) (string, string) {
 }
 
 // List returns one page of the directory at p (empty for the root): regular files and directories
-// only, denied names pruned, sorted by name (byte order), at most limit entries (1–100; 0 means 100).
-// cursor is the NextCursor of the previous page. Each page is one streaming pass over the directory
+// only, denied names and git directories pruned, sorted by name (byte order), at most limit entries
+// (1–100; 0 means 100). cursor is the NextCursor of the previous page. Each page is one streaming pass over the directory
 // that keeps only the limit smallest names after the cursor in a bounded heap, so memory stays
 // O(limit) for a directory of any size (time is O(entries) per page). Entries added or removed
 // between pages may appear or vanish, but none repeats.
@@ -437,13 +480,19 @@ func (f *Files) List(ctx context.Context, root, p, cursor string, limit int) (Pa
 			if name <= after || DeniedName(name) || !listable(name) {
 				continue
 			}
-			if t := de.Type(); !t.IsRegular() && !t.IsDir() {
+			t := de.Type()
+			if !t.IsRegular() && !t.IsDir() {
+				continue
+			}
+			if h.Len() == limit+1 && name >= (*h)[0] {
+				continue
+			}
+			// Only a directory whose name would make the page is examined (about
+			// limit·ln(entries/limit) of them in readdir's hash order), not every subdirectory.
+			if t.IsDir() && isGitDirAt(r.fd, name) {
 				continue
 			}
 			if h.Len() == limit+1 {
-				if name >= (*h)[0] {
-					continue
-				}
 				heap.Pop(h)
 			}
 			heap.Push(h, name)

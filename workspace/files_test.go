@@ -379,3 +379,139 @@ func TestFilesHugeDirectory(t *testing.T) {
 }
 
 func encodeCursor(name string) string { return base64.RawURLEncoding.EncodeToString([]byte(name)) }
+
+// newBareFixture is a worktree root with git directories nested in it, and bare repositories (one
+// empty, one with a pushed commit) used as roots of their own, as a local source is.
+func newBareFixture(t *testing.T) *Files {
+	t.Helper()
+	base := t.TempDir()
+	tree := newRepo(t, map[string]string{"README.md": "hello\n", "src/main.go": "package main\n",
+		"notes/HEAD": "not git", "notes/refs/x": "a directory named refs", "notes/objects.txt": "no objects/ here"})
+	empty, pushed := filepath.Join(base, "empty.git"), filepath.Join(base, "pushed.git")
+	gitT(t, base, "init", "-q", "--bare", "-b", "main", empty)
+	gitT(t, base, "init", "-q", "--bare", "-b", "main", pushed)
+	gitT(t, tree, "push", "-q", pushed, "main")
+	// Inside the worktree: a nested bare repository with history, an empty one, a .git directory
+	// copied under another name (its config says bare = false) and a symlink into a bare one.
+	vendor := filepath.Join(tree, "vendor")
+	mustDo(t, os.MkdirAll(vendor, 0o755))
+	gitT(t, vendor, "clone", "-q", "--bare", pushed, "lib.git")
+	gitT(t, vendor, "init", "-q", "--bare", "-b", "main", "blank")
+	gitT(t, base, "clone", "-q", pushed, "checkout")
+	mustDo(t, os.Rename(filepath.Join(base, "checkout", ".git"), filepath.Join(vendor, "backup")))
+	writeFiles(t, vendor, map[string]string{"keep.txt": "kept"})
+	mustDo(t, os.Symlink("lib.git", filepath.Join(vendor, "link-lib")))
+	files, err := NewFiles(FileLimits{},
+		FileRoot{Name: "tree", Dir: tree}, FileRoot{Name: "empty", Dir: empty}, FileRoot{Name: "pushed", Dir: pushed})
+	mustDo(t, err)
+	return files
+}
+
+// TestFilesBareRepository: a git directory is hidden like .git, as a root and inside one, while
+// the worktree around it and a look-alike directory list and read as before.
+func TestFilesBareRepository(t *testing.T) {
+	t.Parallel()
+	files := newBareFixture(t)
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name, root, path string
+		list             bool
+		want             error // nil: allowed
+	}{
+		{"empty bare root listing", "empty", "", true, ErrDenied},
+		{"empty bare root objects", "empty", "objects", true, ErrDenied},
+		{"empty bare root HEAD", "empty", "HEAD", false, ErrDenied},
+		{"empty bare root config", "empty", "config", false, ErrDenied},
+		{"empty bare root hook", "empty", "hooks/pre-commit.sample", false, ErrDenied},
+		{"empty bare root missing", "empty", "nothing", false, ErrDenied},
+		{"pushed bare root listing", "pushed", "", true, ErrDenied},
+		{"pushed bare root refs", "pushed", "refs/heads", true, ErrDenied},
+		{"pushed bare root ref", "pushed", "refs/heads/main", false, ErrDenied},
+		{"pushed bare root config", "pushed", "config", false, ErrDenied},
+		{"nested bare listing", "tree", "vendor/lib.git", true, ErrDenied},
+		{"nested bare HEAD", "tree", "vendor/lib.git/HEAD", false, ErrDenied},
+		{"nested bare packed refs", "tree", "vendor/lib.git/packed-refs", false, ErrDenied},
+		{"nested bare via ..", "tree", "vendor/../vendor/lib.git/config", false, ErrDenied},
+		{"nested bare via symlink", "tree", "vendor/link-lib/config", false, ErrDenied},
+		{"nested bare via symlink listing", "tree", "vendor/link-lib", true, ErrDenied},
+		{"nested empty bare", "tree", "vendor/blank/config", false, ErrDenied},
+		{"renamed .git directory", "tree", "vendor/backup/config", false, ErrDenied},
+		{"renamed .git directory listing", "tree", "vendor/backup", true, ErrDenied},
+		{"worktree .git", "tree", ".git/config", false, ErrDenied},
+		{"worktree listing", "tree", "", true, nil},
+		{"worktree file", "tree", "src/main.go", false, nil},
+		{"worktree vendor listing", "tree", "vendor", true, nil},
+		{"worktree vendor file", "tree", "vendor/keep.txt", false, nil},
+		{"look-alike listing", "tree", "notes", true, nil},
+		{"look-alike HEAD", "tree", "notes/HEAD", false, nil},
+		{"look-alike refs", "tree", "notes/refs/x", false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			op, err := "Read", error(nil)
+			if tc.list {
+				op = "List"
+				_, err = files.List(ctx, tc.root, tc.path, "", 0)
+			} else {
+				_, err = files.Read(ctx, tc.root, tc.path)
+			}
+			if !errors.Is(err, tc.want) { // errors.Is(err, nil) is err == nil
+				t.Fatalf("%s(%s, %q) = %v, want %v", op, tc.root, tc.path, err, tc.want)
+			}
+		})
+	}
+
+	names := func(p string) string {
+		t.Helper()
+		pg, err := files.List(ctx, "tree", p, "", 0)
+		mustDo(t, err)
+		var out []string
+		for _, e := range pg.Items {
+			out = append(out, e.Name)
+		}
+		return strings.Join(out, ",")
+	}
+	if got, want := names(""), "README.md,notes,src,vendor"; got != want {
+		t.Fatalf("worktree root lists %s, want %s", got, want)
+	}
+	if got, want := names("vendor"), "keep.txt"; got != want {
+		t.Fatalf("vendor lists %s, want %s (git directories pruned)", got, want)
+	}
+	if got, want := names("notes"), "HEAD,objects.txt,refs"; got != want {
+		t.Fatalf("look-alike lists %s, want %s", got, want)
+	}
+}
+
+// TestFilesBareRepositoryPagination: pruned git directories never cost a page its entries or
+// repeat one.
+func TestFilesBareRepositoryPagination(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	for i := range 6 {
+		gitT(t, root, "init", "-q", "--bare", fmt.Sprintf("r%d.git", i))
+		writeFiles(t, root, map[string]string{fmt.Sprintf("f%d.txt", i): "x"})
+	}
+	files, err := NewFiles(FileLimits{}, FileRoot{Name: "w", Dir: root})
+	mustDo(t, err)
+	ctx := testCtx(t)
+	var got []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		if pages > 10 {
+			t.Fatal("pagination does not end")
+		}
+		p, err := files.List(ctx, "w", "", cursor, 2)
+		mustDo(t, err)
+		if p.NextCursor != "" && len(p.Items) != 2 {
+			t.Fatalf("page %d has %d items before the last page", pages, len(p.Items))
+		}
+		for _, e := range p.Items {
+			got = append(got, e.Name)
+		}
+		if cursor = p.NextCursor; cursor == "" {
+			break
+		}
+	}
+	if want := "f0.txt,f1.txt,f2.txt,f3.txt,f4.txt,f5.txt"; strings.Join(got, ",") != want {
+		t.Fatalf("listed %v, want %s", got, want)
+	}
+}
