@@ -416,7 +416,7 @@ func createAgentForm(companyID string, form AgentForm) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = sectionFieldError(form.Errors, "name").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fieldError(form.Errors["name"]).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -450,7 +450,7 @@ func createAgentForm(companyID string, form AgentForm) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = sectionFieldError(form.Errors, "description").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fieldError(form.Errors["description"]).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

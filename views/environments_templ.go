@@ -1168,7 +1168,7 @@ func environmentForm(form EnvironmentForm) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = envFieldError(form.Errors, "name").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fieldError(form.Errors["name"]).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -1257,7 +1257,7 @@ func environmentForm(form EnvironmentForm) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = envFieldError(form.Errors, "driver").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fieldError(form.Errors["driver"]).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -1351,7 +1351,7 @@ func environmentForm(form EnvironmentForm) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = envFieldError(form.Errors, "env").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fieldError(form.Errors["env"]).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -1409,7 +1409,7 @@ func environmentForm(form EnvironmentForm) templ.Component {
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = envFieldError(form.Errors, "secret_env").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fieldError(form.Errors["secret_env"]).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -1584,7 +1584,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "host").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["host"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1631,7 +1631,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "port").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["port"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1678,7 +1678,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "user").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["user"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1723,7 +1723,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "private_key").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["private_key"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1770,7 +1770,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "host_key").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["host_key"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1793,7 +1793,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "network").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["network"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1811,7 +1811,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "setup_network").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["setup_network"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1858,7 +1858,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "memory_mb").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["memory_mb"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1905,7 +1905,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "cpus").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["cpus"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1952,7 +1952,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "pids_max").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["pids_max"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1999,7 +1999,7 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = envFieldError(form.Errors, "timeout_s").Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = fieldError(form.Errors["timeout_s"]).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -2016,46 +2016,6 @@ func envDriverFields(form EnvironmentForm) templ.Component {
 		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 182, "</div>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
-		}
-		return nil
-	})
-}
-
-func envFieldError(errs map[string]string, key string) templ.Component {
-	return templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
-		templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context
-		if templ_7745c5c3_CtxErr := ctx.Err(); templ_7745c5c3_CtxErr != nil {
-			return templ_7745c5c3_CtxErr
-		}
-		templ_7745c5c3_Buffer, templ_7745c5c3_IsBuffer := templruntime.GetBuffer(templ_7745c5c3_W)
-		if !templ_7745c5c3_IsBuffer {
-			defer func() {
-				templ_7745c5c3_BufErr := templruntime.ReleaseBuffer(templ_7745c5c3_Buffer)
-				if templ_7745c5c3_Err == nil {
-					templ_7745c5c3_Err = templ_7745c5c3_BufErr
-				}
-			}()
-		}
-		ctx = templ.InitializeContext(ctx)
-		ctx = templ.ClearChildren(ctx)
-		if msg := errs[key]; msg != "" {
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 183, "<span class=\"field-error\">")
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
-			}
-			var templ_7745c5c3_Var97 string
-			templ_7745c5c3_Var97, templ_7745c5c3_Err = templ.JoinStringErrs(msg)
-			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `environments.templ`, Line: 460, Col: 33}
-			}
-			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var97))
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
-			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 184, "</span>")
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
-			}
 		}
 		return nil
 	})

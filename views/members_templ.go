@@ -508,7 +508,7 @@ func addMemberForm(companyID string, form MemberForm) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = sectionFieldError(form.Errors, "email").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fieldError(form.Errors["email"]).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
@@ -549,7 +549,7 @@ func addMemberForm(companyID string, form MemberForm) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = sectionFieldError(form.Errors, "role").Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = fieldError(form.Errors["role"]).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

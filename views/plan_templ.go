@@ -558,7 +558,7 @@ func BindingPanel(b BindingView) templ.Component {
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}
-				templ_7745c5c3_Err = taskFieldError(b.Errors["execution_workspace_id"]).Render(ctx, templ_7745c5c3_Buffer)
+				templ_7745c5c3_Err = fieldError(b.Errors["execution_workspace_id"]).Render(ctx, templ_7745c5c3_Buffer)
 				if templ_7745c5c3_Err != nil {
 					return templ_7745c5c3_Err
 				}

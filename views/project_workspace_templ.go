@@ -400,7 +400,7 @@ func ProjectWorkspaceFormView(form ProjectWorkspaceForm) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = projectFormError(form.Errors).Render(ctx, templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = formSummary(form.Errors).Render(ctx, templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
