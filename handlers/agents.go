@@ -218,7 +218,7 @@ func (s *Server) createAgentForm(w http.ResponseWriter, r *http.Request, p *prin
 	if err != nil {
 		return err
 	}
-	form, err := postedForm(w, r)
+	form, err := readForm(w, r, maxFormBody)
 	if err != nil {
 		return err
 	}
@@ -242,7 +242,7 @@ func (s *Server) disableAgentForm(w http.ResponseWriter, r *http.Request, p *pri
 // afterAgentChange answers an agents form: htmx gets the refreshed section, a plain form a
 // redirect to the page; a refusal (422, 409) shows the create form again with its messages.
 func (s *Server) afterAgentChange(w http.ResponseWriter, r *http.Request, a access, err error, form views.AgentForm) error {
-	he, refused := formFailure(err)
+	he, refused := formRefusal(err)
 	if err != nil && !refused {
 		return err
 	}

@@ -20,8 +20,9 @@ type principal struct {
 	Run  *runPrincipal
 }
 
-// runPrincipal is a live run presenting its run token (DESIGN §5): it may reach its own task
-// and its own execution workspace through the routes registered with runAPI, nothing else.
+// runPrincipal is a live run presenting its run token (docs/security.md "Run tokens"): it may reach
+// its own task and its own execution workspace through the routes registered with runAPI, nothing
+// else.
 type runPrincipal struct {
 	ID          string
 	TaskID      string // "" when the run has no task any more
@@ -154,10 +155,10 @@ func (s *Server) api(fn func(http.ResponseWriter, *http.Request, *principal) err
 	return s.apiRoute(false, fn)
 }
 
-// runAPI wraps a JSON route that a run token may also call (DESIGN §5's run-token list). The
-// handler must authorize through objectAccess (or companyAccess), which confines a run to its
-// own task and execution workspace (see authz.go), and must use manageObjectOrRun, not
-// manageObject, for a change a run may make.
+// runAPI wraps a JSON route that a run token may also call (the run-token list of
+// docs/security.md). The handler must authorize through objectAccess (or companyAccess), which
+// confines a run to its own task and execution workspace (see authz.go), and must use
+// manageObjectOrRun, not manageObject, for a change a run may make.
 func (s *Server) runAPI(fn func(http.ResponseWriter, *http.Request, *principal) error) http.Handler {
 	return s.apiRoute(true, fn)
 }

@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strings"
 
@@ -118,19 +117,17 @@ func (s *Server) auditTx(ctx context.Context, q db.Querier, r *http.Request, a a
 	return db.InsertAudit(ctx, q, e)
 }
 
-// invalid is a 422 with one message per offending field.
-func invalid(fields map[string]string) error {
-	return &httpError{Status: http.StatusUnprocessableEntity, Code: "validation_failed",
-		Message: "Some fields are not valid.", Fields: fields}
-}
-
-// asValidation extracts field errors from err, for forms that re-render with messages.
-func asValidation(err error) (map[string]string, bool) {
-	var he *httpError
-	if errors.As(err, &he) && he.Code == "validation_failed" {
-		return he.Fields, true
+// managedCompany authorizes a change in the company named by the path: a stranger gets 404, a
+// viewer or an instance admin who is not a board member gets 403 (audited as action.denied).
+func (s *Server) managedCompany(r *http.Request, p *principal, action, targetType, targetID string) (access, error) {
+	a, err := s.companyAccess(r.Context(), p, r.PathValue("cid"))
+	if err != nil {
+		return access{}, err
 	}
-	return nil, false
+	if err := s.requireManage(r, a, action, targetType, targetID); err != nil {
+		return access{}, err
+	}
+	return a, nil
 }
 
 // manageObjectOrRun is manageObject for the changes a run token may make to its own task or

@@ -25,8 +25,8 @@ import (
 // maxRequestKey is the longest request key a binding change may carry.
 const maxRequestKey = 200
 
-// bindingJSON is a task's workspace binding in the JSON API (DESIGN §8). A never-bound task has
-// revision 0, mode inherit and nulls.
+// bindingJSON is a task's workspace binding in the JSON API (docs/api.md "Workspace binding").
+// A never-bound task has revision 0, mode inherit and nulls.
 type bindingJSON struct {
 	TaskID               string     `json:"task_id"`
 	Mode                 string     `json:"mode"`
@@ -37,8 +37,8 @@ type bindingJSON struct {
 }
 
 func newBindingJSON(b db.Binding) bindingJSON {
-	out := bindingJSON{TaskID: b.TaskID, Mode: b.Mode, ExecutionWorkspaceID: taskNullable(b.ExecutionWorkspaceID),
-		Revision: b.Revision, RequestKey: taskNullable(b.RequestKey)}
+	out := bindingJSON{TaskID: b.TaskID, Mode: b.Mode, ExecutionWorkspaceID: optional(b.ExecutionWorkspaceID),
+		Revision: b.Revision, RequestKey: optional(b.RequestKey)}
 	if !b.UpdatedAt.IsZero() {
 		at := b.UpdatedAt.UTC()
 		out.UpdatedAt = &at
@@ -182,7 +182,7 @@ func (s *Server) putBinding(ctx context.Context, r *http.Request, a access, task
 		}
 		return s.auditTx(ctx, tx, r, a, "task_binding.updated", "task", taskID, map[string]any{
 			"key": t.Key, "from_mode": cur.Mode, "to_mode": saved.Mode,
-			"from_workspace_id": taskNullable(cur.ExecutionWorkspaceID), "to_workspace_id": taskNullable(saved.ExecutionWorkspaceID),
+			"from_workspace_id": optional(cur.ExecutionWorkspaceID), "to_workspace_id": optional(saved.ExecutionWorkspaceID),
 			"revision": saved.Revision, "request_key": saved.RequestKey,
 		})
 	})
@@ -277,18 +277,18 @@ func (s *Server) bindingView(ctx context.Context, a access, snap db.PlanSnapshot
 	return v, nil
 }
 
-// bindingFormError turns a refused binding change into the panel's message and the status a
-// full page answers with; errors that are not the caller's to fix come back as err.
+// bindingFormError turns a refused binding change into the panel's message and the status the
+// panel or page answers with; errors that are not the caller's to fix come back as err.
 func bindingFormError(err error, v *views.BindingView) (int, error) {
-	if fields, ok := asValidation(err); ok {
-		v.Errors, v.Notice, v.NoticeError = fields, "The binding was not changed: fix the marked fields.", true
-		return http.StatusUnprocessableEntity, nil
-	}
-	var he *httpError
-	if !errors.As(err, &he) || he.Status != http.StatusConflict {
+	he, ok := formRefusal(err)
+	if !ok {
 		return 0, err
 	}
 	v.NoticeError = true
+	if fields, ok := asValidation(err); ok {
+		v.Errors, v.Notice = fields, "The binding was not changed: fix the marked fields."
+		return he.Status, nil
+	}
 	switch he.Code {
 	case "stale_revision":
 		v.Notice = "Someone changed the binding while you were choosing; it is now revision " +
@@ -298,20 +298,21 @@ func bindingFormError(err error, v *views.BindingView) (int, error) {
 	default:
 		v.Notice = he.Message
 	}
-	return http.StatusConflict, nil
+	return he.Status, nil
 }
 
 // bindingForm changes the binding from the task page (board members). htmx gets the panel back
-// (a refused change re-rendered with the current binding and a message, status 200 so htmx
-// swaps it) and, on success, a plan-changed event so the plan panel refreshes; without
-// JavaScript a success redirects to the task page and a refusal re-renders the whole page.
+// (a refused change re-rendered with the current binding and a message, with the refusal's
+// status, 422 or 409, which app.js swaps) and, on success, a plan-changed event so the plan panel
+// refreshes; without JavaScript a success redirects to the task page and a refusal re-renders
+// the whole page.
 func (s *Server) bindingForm(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx, id := r.Context(), r.PathValue("id")
 	a, err := s.manageObject(r, p, "tasks", id, "task_binding.update", "task")
 	if err != nil {
 		return err
 	}
-	form, err := taskFormValues(w, r)
+	form, err := readForm(w, r, maxTextFormBody)
 	if err != nil {
 		return err
 	}
@@ -347,7 +348,7 @@ func (s *Server) bindingForm(w http.ResponseWriter, r *http.Request, p *principa
 		if putErr == nil {
 			w.Header().Set("HX-Trigger", "plan-changed")
 		}
-		return s.render(w, r, views.BindingPanel(v))
+		return s.renderStatus(w, r, status, views.BindingPanel(v))
 	}
 	if putErr == nil {
 		http.Redirect(w, r, "/tasks/"+id+"#binding", http.StatusSeeOther)

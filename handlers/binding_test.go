@@ -21,10 +21,10 @@ func (w *taskWorld) putBinding(taskID string, body any, want int) map[string]any
 	return out
 }
 
-// TestBindingRevisionsAndReplays proves the binding contract of DESIGN §8: a never-bound task
-// reads as revision 0; an accepted PUT bumps the revision; a stale revision is a 409 carrying
-// the current binding; the same key with the same body replays the first answer even after the
-// revision moved on; the same key with another body is a 409.
+// TestBindingRevisionsAndReplays proves the binding contract of docs/api.md "Workspace binding": a
+// never-bound task reads as revision 0; an accepted PUT bumps the revision; a stale revision is a
+// 409 carrying the current binding; the same key with the same body replays the first answer even
+// after the revision moved on; the same key with another body is a 409.
 func TestBindingRevisionsAndReplays(t *testing.T) {
 	t.Parallel()
 	w := newTaskWorld(t)
@@ -235,8 +235,8 @@ func TestBindingConcurrentPuts(t *testing.T) {
 }
 
 // TestBindingForm proves the task page's binding panel: htmx saves swap the panel and signal the
-// plan to refresh; a stale form re-renders with the current binding and a message (200 for htmx,
-// 409 for a plain browser); a double submit of one rendered form is one change.
+// plan to refresh; a stale form re-renders with the current binding and a message (409, for htmx
+// and a plain browser alike); a double submit of one rendered form is one change.
 func TestBindingForm(t *testing.T) {
 	t.Parallel()
 	w := newTaskWorld(t)
@@ -262,7 +262,7 @@ func TestBindingForm(t *testing.T) {
 
 	stale := url.Values{"mode": {"shared"}, "execution_workspace_id": {""}, "revision": {"0"}, "request_key": {"form-2"}}
 	resp, body = w.postForm(c, "/tasks/"+id+"/workspace", stale, true)
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("HX-Trigger") != "" || !strings.Contains(body, "Someone changed the binding") ||
+	if resp.StatusCode != http.StatusConflict || resp.Header.Get("HX-Trigger") != "" || !strings.Contains(body, "Someone changed the binding") ||
 		!strings.Contains(body, `name="revision" value="1"`) {
 		t.Fatalf("stale htmx form = %d %s", resp.StatusCode, body)
 	}
@@ -271,7 +271,7 @@ func TestBindingForm(t *testing.T) {
 		t.Fatalf("stale plain form = %d", resp.StatusCode)
 	}
 	resp, body = w.postForm(c, "/tasks/"+id+"/workspace", url.Values{"mode": {"reuse"}, "revision": {"1"}, "request_key": {"form-3"}}, true)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Reuse needs a workspace") {
+	if resp.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(body, "Reuse needs a workspace") {
 		t.Fatalf("invalid htmx form = %d %s", resp.StatusCode, body)
 	}
 	if rev := w.e.count(`SELECT revision::int FROM task_workspace_bindings WHERE task_id = $1`, id); rev != 1 {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"net/url"
 	"regexp"
 	"strings"
 	"time"
@@ -167,7 +166,7 @@ func (s *Server) createCompanyForm(w http.ResponseWriter, r *http.Request, p *pr
 	if err := s.requireAdmin(r, instanceAccess(p), "company.create", "company", ""); err != nil {
 		return err
 	}
-	form, err := postedForm(w, r)
+	form, err := readForm(w, r, maxFormBody)
 	if err != nil {
 		return err
 	}
@@ -176,14 +175,14 @@ func (s *Server) createCompanyForm(w http.ResponseWriter, r *http.Request, p *pr
 		in.Slug = slugFrom(in.Name)
 	}
 	c, err := s.createCompany(r.Context(), r, p, in)
-	if he, ok := formFailure(err); ok {
+	if he, ok := formRefusal(err); ok {
 		return s.renderDashboard(w, r, p, he.Status, views.CompanyForm{
 			Name: in.Name, Slug: in.Slug, Errors: he.Fields, Error: he.Message})
 	}
 	if err != nil {
 		return err
 	}
-	redirectAfterPost(w, r, "/companies/"+c.ID)
+	redirectAfterForm(w, r, "/companies/"+c.ID)
 	return nil
 }
 
@@ -208,68 +207,4 @@ func slugFrom(name string) string {
 		slug = slug[:63]
 	}
 	return strings.TrimRight(slug, "-")
-}
-
-// The helpers below are shared by the company sections (members, agents, audit).
-
-// maxFormBody is the largest form body the company sections read.
-const maxFormBody = 64 << 10
-
-// postedForm reads a urlencoded form body of at most 64 KiB.
-func postedForm(w http.ResponseWriter, r *http.Request) (url.Values, error) {
-	r.Body = http.MaxBytesReader(w, r.Body, maxFormBody)
-	if err := r.ParseForm(); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, &httpError{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large", Message: "The form is too large."}
-		}
-		return nil, badRequest("bad_form", "The form could not be read.")
-	}
-	return r.PostForm, nil
-}
-
-// formFailure reports whether err is a refusal a form shows in place (a validation 422 or a
-// conflict 409 such as a taken name), rather than as an error page.
-func formFailure(err error) (*httpError, bool) {
-	var he *httpError
-	if errors.As(err, &he) && (he.Status == http.StatusUnprocessableEntity || he.Status == http.StatusConflict) {
-		return he, true
-	}
-	return nil, false
-}
-
-// redirectAfterPost sends the browser to url after a successful form: 303 for a plain form,
-// HX-Redirect for htmx.
-func redirectAfterPost(w http.ResponseWriter, r *http.Request, url string) {
-	if isHTMX(r) {
-		w.Header().Set("HX-Redirect", url)
-		w.WriteHeader(http.StatusOK)
-		return
-	}
-	http.Redirect(w, r, url, http.StatusSeeOther)
-}
-
-// htmxTarget reports whether an htmx request asks to swap the element with this id (and so
-// wants that fragment, not the page; history restores ask for the page).
-func htmxTarget(r *http.Request, id string) bool {
-	return isHTMX(r) && r.Header.Get("HX-Target") == id && r.Header.Get("HX-History-Restore-Request") != "true"
-}
-
-// keysetPage trims a list fetched with limit+1 rows to limit and returns the cursor of the next
-// page ("" on the last page), made from the last kept item.
-func keysetPage[T any](items []T, limit int, key func(T) any) ([]T, string) {
-	if len(items) <= limit {
-		return items, ""
-	}
-	items = items[:limit]
-	return items, encodeCursor(key(items[limit-1]))
-}
-
-// emptyJSONBody accepts an action's optional body: nothing, or a JSON object with no fields.
-func emptyJSONBody(w http.ResponseWriter, r *http.Request) error {
-	if r.ContentLength == 0 {
-		return nil
-	}
-	var none struct{}
-	return decodeJSON(w, r, &none)
 }

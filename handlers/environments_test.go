@@ -535,8 +535,8 @@ func TestEnvironmentArchiveRefusedWhileLeased(t *testing.T) {
 		t.Fatalf("archive form = %d, want 409 with the reason", resp.StatusCode)
 	}
 	resp, page = e.envForm(admin, "/environments/"+id+"/archive", nil, true)
-	if resp.StatusCode != 200 || !strings.Contains(page, `role="alert"`) || !strings.Contains(page, "3 leases hold") {
-		t.Fatalf("htmx archive = %d, want 200 with the alert", resp.StatusCode)
+	if resp.StatusCode != 409 || !strings.Contains(page, `role="alert"`) || !strings.Contains(page, "3 leases hold") {
+		t.Fatalf("htmx archive = %d, want 409 with the alert", resp.StatusCode)
 	}
 	if e.envRow(id) != before || e.count(`SELECT count(*) FROM audit_events WHERE action = 'environment.archived'`) != 0 {
 		t.Fatal("a refused archive changed something")
@@ -736,8 +736,8 @@ func TestEnvironmentForms(t *testing.T) {
 		t.Fatalf("invalid create form = %d", resp.StatusCode)
 	}
 	resp, page = e.envForm(admin, listPage, url.Values{"name": {"remote"}, "driver": {"ssh"}, "host": {"x"}, "port": {"many"}}, true)
-	if resp.StatusCode != 200 || !strings.Contains(page, "must be a number") {
-		t.Fatalf("htmx invalid create form = %d, want 200 with the messages", resp.StatusCode)
+	if resp.StatusCode != 422 || !strings.Contains(page, "must be a number") {
+		t.Fatalf("htmx invalid create form = %d, want 422 with the messages", resp.StatusCode)
 	}
 	resp, page = e.envForm(admin, listPage, url.Values{"name": {"local"}, "driver": {"local"}, "env": {"NOEQUALS"}}, false)
 	if resp.StatusCode != 422 || !strings.Contains(page, "line 1: write NAME=value") {
@@ -760,7 +760,7 @@ func TestEnvironmentForms(t *testing.T) {
 	}
 	resp, _ = e.envForm(admin, listPage, url.Values{"name": {"remote"}, "driver": {"ssh"}, "host": {"build-1"}, "port": {"2222"},
 		"user": {"deploy"}, "private_key": {k.Private}, "host_key": {k.Public}}, true)
-	if resp.StatusCode != http.StatusNoContent || !strings.HasPrefix(resp.Header.Get("HX-Redirect"), "/environments/") {
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("HX-Redirect"), "/environments/") {
 		t.Fatalf("htmx create ssh = %d %q", resp.StatusCode, resp.Header.Get("HX-Redirect"))
 	}
 	sshID := strings.TrimPrefix(resp.Header.Get("HX-Redirect"), "/environments/")
@@ -806,7 +806,7 @@ func TestEnvironmentForms(t *testing.T) {
 		t.Fatalf("secret variable not kept: %v", err)
 	}
 
-	// htmx edit: success swaps the fresh page in; a refusal answers 200 with the messages.
+	// htmx edit: success swaps the fresh page in; a refusal answers 409 or 422 with the messages.
 	resp, page = e.envForm(admin, "/environments/"+localID, url.Values{"name": {"Local box 2"}, "driver": {"local"}, "secret_env": {"TOKEN"}}, true)
 	if resp.StatusCode != 200 || !strings.Contains(page, `id="environment-page"`) || !strings.Contains(page, "Local box 2") {
 		t.Fatalf("htmx edit = %d", resp.StatusCode)

@@ -104,3 +104,9 @@ func redirectToLogin(w http.ResponseWriter, r *http.Request) {
 	}
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
+
+// invalid is a 422 with one message per offending field.
+func invalid(fields map[string]string) error {
+	return &httpError{Status: http.StatusUnprocessableEntity, Code: "validation_failed",
+		Message: "Some fields are not valid.", Fields: fields}
+}

@@ -416,8 +416,9 @@ func TestFileResourcesRefusals(t *testing.T) {
 func TestFileResourcesRoleMatrix(t *testing.T) {
 	t.Parallel()
 	w := newFileWorld(t)
-	// Board members read their project's local workspace roots (DESIGN §8); viewers and instance
-	// admins who are not board members read only execution workspaces, which this task has none of.
+	// Board members read their project's local workspace roots (docs/api.md "File resources");
+	// viewers and instance admins who are not board members read only execution workspaces, which
+	// this task has none of.
 	for _, route := range []string{"roots", "list"} {
 		if r := w.get(t, "", w.r.Board, route, nil); r.Status != http.StatusOK {
 			t.Errorf("board %s = %d %s", route, r.Status, r.Body)

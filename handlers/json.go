@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"time"
 )
 
 // maxJSONBody is the largest JSON request body Berth reads.
@@ -47,4 +48,49 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, dst any) error {
 		return badRequest("bad_json", "The body must hold exactly one JSON object.")
 	}
 	return nil
+}
+
+// errServerOwned refuses a body that sets a field only the server writes: a 400 naming the
+// field (why, if not empty, says more about it).
+func errServerOwned(field, why string) error {
+	msg := field + " is written by the server only"
+	if why != "" {
+		msg += " (" + why + ")"
+	}
+	return &httpError{Status: http.StatusBadRequest, Code: "server_owned_field",
+		Message: msg + "; remove it from the request.", Extra: map[string]any{"field": field}}
+}
+
+// deref is the string p points to, or "" for nil (an optional JSON member that was absent).
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// optional is s for JSON, or null when s is empty.
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// utcPtr is *t in UTC for JSON, or null.
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// emptyJSONBody accepts an action's optional body: nothing, or a JSON object with no fields.
+func emptyJSONBody(w http.ResponseWriter, r *http.Request) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	var none struct{}
+	return decodeJSON(w, r, &none)
 }

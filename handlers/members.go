@@ -3,10 +3,8 @@ package handlers
 import (
 	"context"
 	"errors"
-	"maps"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
@@ -146,19 +144,6 @@ func (s *Server) removeMember(ctx context.Context, r *http.Request, a access, us
 	return err
 }
 
-// managedCompany authorizes a change in the company named by the path: a stranger gets 404, a
-// viewer or an instance admin who is not a board member gets 403 (audited as action.denied).
-func (s *Server) managedCompany(r *http.Request, p *principal, action, targetType, targetID string) (access, error) {
-	a, err := s.companyAccess(r.Context(), p, r.PathValue("cid"))
-	if err != nil {
-		return access{}, err
-	}
-	if err := s.requireManage(r, a, action, targetType, targetID); err != nil {
-		return access{}, err
-	}
-	return a, nil
-}
-
 // memberCursor is the keyset position of a members list: the last email of a page.
 type memberCursor struct {
 	Email string `json:"e"`
@@ -290,7 +275,7 @@ func (s *Server) addMemberForm(w http.ResponseWriter, r *http.Request, p *princi
 	if err != nil {
 		return err
 	}
-	form, err := postedForm(w, r)
+	form, err := readForm(w, r, maxFormBody)
 	if err != nil {
 		return err
 	}
@@ -306,7 +291,7 @@ func (s *Server) changeMemberRoleForm(w http.ResponseWriter, r *http.Request, p 
 	if err != nil {
 		return err
 	}
-	form, err := postedForm(w, r)
+	form, err := readForm(w, r, maxFormBody)
 	if err != nil {
 		return err
 	}
@@ -330,14 +315,14 @@ func (s *Server) removeMemberForm(w http.ResponseWriter, r *http.Request, p *pri
 // (422, 409) shows the section again with its status: next to the add form's fields when form
 // (what was typed in it) is given, else as an alert. Other errors go to the adapter.
 func (s *Server) afterMemberChange(w http.ResponseWriter, r *http.Request, p *principal, err error, form *views.MemberForm) error {
-	he, refused := formFailure(err)
+	he, refused := formRefusal(err)
 	if err != nil && !refused {
 		return err
 	}
 	ctx := r.Context()
 	a, err := s.companyAccess(ctx, p, r.PathValue("cid"))
 	if errors.Is(err, errNotFound) {
-		redirectAfterPost(w, r, "/")
+		redirectAfterForm(w, r, "/")
 		return nil
 	}
 	if err != nil {
@@ -365,13 +350,4 @@ func (s *Server) afterMemberChange(w http.ResponseWriter, r *http.Request, p *pr
 		return s.renderStatus(w, r, status, views.MembersSection(d))
 	}
 	return s.renderStatus(w, r, status, views.MembersPage(s.companyFrame(r, a, "Members", "members"), d))
-}
-
-// refusalMessage is a refused change said in one line: the message and any field messages.
-func refusalMessage(he *httpError) string {
-	msg := he.Message
-	for _, field := range slices.Sorted(maps.Keys(he.Fields)) {
-		msg += " " + he.Fields[field]
-	}
-	return msg
 }

@@ -49,3 +49,13 @@ type listResponse[T any] struct {
 	Items      []T    `json:"items"`
 	NextCursor string `json:"next_cursor"`
 }
+
+// keysetPage trims a list fetched with limit+1 rows to limit and returns the cursor of the next
+// page ("" on the last page), made from the last kept item.
+func keysetPage[T any](items []T, limit int, key func(T) any) ([]T, string) {
+	if len(items) <= limit {
+		return items, ""
+	}
+	items = items[:limit]
+	return items, encodeCursor(key(items[limit-1]))
+}

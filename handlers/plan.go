@@ -42,7 +42,8 @@ func planInput(s db.PlanSnapshot) workspace.PlanInput {
 	return in
 }
 
-// planResponse is GET /api/tasks/{id}/plan (DESIGN §8): empty ids, strategy and branch are null.
+// planResponse is GET /api/tasks/{id}/plan (docs/api.md "Effective plan"): empty ids, strategy and
+// branch are null.
 type planResponse struct {
 	Mode               string                `json:"mode"`
 	Strategy           *string               `json:"strategy"`
@@ -56,8 +57,8 @@ type planResponse struct {
 }
 
 func newPlanResponse(p workspace.Plan) planResponse {
-	return planResponse{Mode: p.Mode, Strategy: taskNullable(p.Strategy), EnvironmentID: taskNullable(p.EnvironmentID),
-		ReuseWorkspaceID: taskNullable(p.ReuseWorkspaceID), Branch: taskNullable(p.Branch),
+	return planResponse{Mode: p.Mode, Strategy: optional(p.Strategy), EnvironmentID: optional(p.EnvironmentID),
+		ReuseWorkspaceID: optional(p.ReuseWorkspaceID), Branch: optional(p.Branch),
 		HostScriptsAllowed: p.HostScriptsAllowed, Blocked: p.Blocked, Blockers: p.Blockers, Trace: p.Trace}
 }
 

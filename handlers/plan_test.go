@@ -50,9 +50,9 @@ func (w *taskWorld) task(body map[string]any) string {
 	return w.createTask(w.r.Board, w.ProjectID, body)["id"].(string)
 }
 
-// TestPlanEndToEnd resolves the plan of real tasks through GET /api/tasks/{id}/plan, one case
-// per rule of DESIGN §4 as the database presents it, and checks the exact JSON shape, the
-// blockers with their fixes and the trace; the task page shows the same plan.
+// TestPlanEndToEnd resolves the plan of real tasks through GET /api/tasks/{id}/plan, one case per
+// rule of docs/api.md "Effective plan" as the database presents it, and checks the exact JSON
+// shape, the blockers with their fixes and the trace; the task page shows the same plan.
 func TestPlanEndToEnd(t *testing.T) {
 	t.Parallel()
 	cases := []*planCase{

@@ -57,3 +57,9 @@ func (s *Server) companyFrame(r *http.Request, a access, title, active string) v
 
 // isHTMX reports whether the request comes from htmx and wants a fragment.
 func isHTMX(r *http.Request) bool { return r.Header.Get("HX-Request") == "true" }
+
+// htmxTarget reports whether an htmx request asks to swap the element with this id (and so
+// wants that fragment, not the page; history restores ask for the page).
+func htmxTarget(r *http.Request, id string) bool {
+	return isHTMX(r) && r.Header.Get("HX-Target") == id && r.Header.Get("HX-History-Restore-Request") != "true"
+}

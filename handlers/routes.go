@@ -131,7 +131,8 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// Execution workspaces: list, detail, ledger, close-readiness, close and reopen (changes:
 	// board members), and a task's work products (execution_workspaces.go).
 	mux.Handle("GET /api/companies/{cid}/execution-workspaces", s.api(s.listWorkspacesAPI))
-	// A run token reads its own workspace and its ledger (DESIGN §5), nothing else here.
+	// A run token reads its own workspace and its ledger (docs/security.md "Run tokens"), nothing
+	// else here.
 	mux.Handle("GET /api/execution-workspaces/{id}", s.runAPI(s.getWorkspaceAPI))
 	mux.Handle("PATCH /api/execution-workspaces/{id}", s.api(s.patchWorkspaceAPI))
 	mux.Handle("GET /api/execution-workspaces/{id}/operations", s.runAPI(s.listOperationsAPI))

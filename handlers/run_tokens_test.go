@@ -149,9 +149,9 @@ func TestRunTokenOwnTask(t *testing.T) {
 	}
 }
 
-// TestRunTokenScope: another task of the same company → 403; another company's task → 404 (as
-// for a missing one); routes outside DESIGN §5's run-token list → 403, whatever the id; refused
-// requests change nothing and are audited as run_token.denied.
+// TestRunTokenScope: another task of the same company → 403; another company's task → 404 (as for a
+// missing one); routes outside the run-token list of docs/security.md → 403, whatever the id;
+// refused requests change nothing and are audited as run_token.denied.
 func TestRunTokenScope(t *testing.T) {
 	t.Parallel()
 	w := newRunTokenWorld(t)

@@ -19,7 +19,7 @@ import (
 // defaultRunTimeout bounds a run whose request names no timeout.
 const defaultRunTimeout = 3600
 
-// runJSON is a run as the API returns it (DESIGN §8).
+// runJSON is a run as the API returns it (docs/api.md "Runs").
 type runJSON struct {
 	ID                   string     `json:"id"`
 	TaskID               string     `json:"task_id"`
@@ -38,26 +38,11 @@ type runJSON struct {
 	FinishedAt           *time.Time `json:"finished_at"`
 }
 
-func optional(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
 func newRunJSON(r db.Run) runJSON {
 	return runJSON{ID: r.ID, TaskID: r.TaskID, Status: r.Status, ExitCode: r.ExitCode, ErrorCode: optional(r.ErrorCode),
 		ErrorMessage: optional(r.ErrorMessage), LeaseID: optional(r.LeaseID), ExecutionWorkspaceID: optional(r.ExecutionWorkspaceID),
 		TimeoutS: r.TimeoutS, CancelRequested: r.CancelRequested, LogBytes: r.LogBytes, LogTruncated: r.LogTruncated,
 		CreatedAt: r.CreatedAt.UTC(), StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt)}
-}
-
-func utcPtr(t *time.Time) *time.Time {
-	if t == nil {
-		return nil
-	}
-	u := t.UTC()
-	return &u
 }
 
 // runRequest is the optional body of POST /api/tasks/{id}/runs.

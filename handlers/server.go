@@ -1,7 +1,11 @@
 // Package handlers is Berth's HTTP surface: the server-rendered pages (templ + htmx) and the JSON
 // API under /api. routes.go is the whole route table; handlers return errors and one adapter
-// turns them into responses, so every refusal looks the same. Handlers never touch the
-// filesystem or processes: they read and write through db and enqueue jobs.
+// turns them into responses, so every refusal looks the same. Handlers read and write through
+// db and enqueue jobs in the same transaction; they start no long-running work of their own.
+// They reach the filesystem and processes only through package workspace, never directly:
+// checking a project workspace's source (workspace.ValidateSource may run git), reading a task's
+// files (workspace.Files, confined to its roots), and reading an execution workspace's git
+// state for close-readiness (workspace.Manager runs git in the worktree).
 package handlers
 
 import (

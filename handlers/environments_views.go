@@ -1,0 +1,204 @@
+package handlers
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"berth/db"
+	"berth/environment"
+	"berth/views"
+)
+
+// Environment pages: the list and detail pages and the view models they show (settings,
+// qualification, the create and edit forms filled for a driver).
+
+// environmentsPage lists a company's environments, with the creation form for instance admins
+// (?driver= picks the form's driver).
+func (s *Server) environmentsPage(w http.ResponseWriter, r *http.Request, p *principal) error {
+	ctx := r.Context()
+	a, err := s.companyAccess(ctx, p, r.PathValue("cid"))
+	if err != nil {
+		return err
+	}
+	form := newEnvironmentForm(a.Company.ID, r.URL.Query().Get("driver"))
+	return s.renderEnvironments(w, r, a, http.StatusOK, form)
+}
+
+// renderEnvironments renders the list page with the given creation form.
+func (s *Server) renderEnvironments(w http.ResponseWriter, r *http.Request, a access, status int, form views.EnvironmentForm) error {
+	envs, next, err := s.listEnvironmentPage(r.Context(), r, a)
+	if err != nil {
+		return err
+	}
+	d := views.EnvironmentsData{CompanyID: a.Company.ID, IsAdmin: a.Admin, New: form}
+	for _, e := range envs {
+		d.Rows = append(d.Rows, views.EnvironmentRow{ID: e.ID, Name: e.Name, Driver: e.Driver, Status: e.Status,
+			Qualification: envQualificationView(e.Qualification)})
+	}
+	if next != "" {
+		q := url.Values{"cursor": {next}}
+		if limit := r.URL.Query().Get("limit"); limit != "" {
+			q.Set("limit", limit)
+		}
+		d.NextURL = "/companies/" + a.Company.ID + "/environments?" + q.Encode()
+	}
+	w.Header().Set("Vary", "HX-Request")
+	return s.renderStatus(w, r, status, views.EnvironmentsPage(s.companyFrame(r, a, "Environments", "environments"), d))
+}
+
+// environmentPage shows one environment (?driver= picks the edit form's driver).
+func (s *Server) environmentPage(w http.ResponseWriter, r *http.Request, p *principal) error {
+	ctx := r.Context()
+	id := r.PathValue("id")
+	a, err := s.objectAccess(ctx, p, "environments", id)
+	if err != nil {
+		return err
+	}
+	env, err := db.EnvironmentByID(ctx, s.pool, a.Company.ID, id)
+	if err != nil {
+		return err
+	}
+	d, err := environmentView(a, env, r.URL.Query().Get("driver"))
+	if err != nil {
+		return err
+	}
+	return s.renderEnvironment(w, r, a, http.StatusOK, d)
+}
+
+// environmentView is what an environment's page shows, redacted, with the edit form for driver
+// ("" for the stored one).
+func environmentView(a access, env db.Environment, driver string) (views.EnvironmentDetail, error) {
+	cfg, err := environment.Load(env.Driver, env.Config)
+	if err != nil {
+		return views.EnvironmentDetail{}, err
+	}
+	d := views.EnvironmentDetail{ID: env.ID, CompanyID: env.CompanyID, Name: env.Name, Driver: env.Driver,
+		Status: env.Status, CreatedAt: env.CreatedAt, UpdatedAt: env.UpdatedAt, Settings: environmentSettingsView(cfg),
+		Qualification: envQualificationView(env.Qualification), IsAdmin: a.Admin, Edit: editEnvironmentForm(env, cfg, driver)}
+	for _, v := range cfg.Env {
+		d.Env = append(d.Env, views.EnvironmentVar{Name: v.Name, Value: v.Value, Secret: v.Secret})
+	}
+	return d, nil
+}
+
+// renderEnvironment renders an environment's page with status.
+func (s *Server) renderEnvironment(w http.ResponseWriter, r *http.Request, a access, status int, d views.EnvironmentDetail) error {
+	w.Header().Set("Vary", "HX-Request")
+	return s.renderStatus(w, r, status, views.EnvironmentPage(s.companyFrame(r, a, d.Name, "environments"), d))
+}
+
+// environmentSettingsView phrases a configuration for the page; the private key only as "set".
+func environmentSettingsView(c environment.Config) []views.EnvironmentSetting {
+	switch c.Driver {
+	case environment.DriverSSH:
+		return []views.EnvironmentSetting{
+			{Label: "Host", Value: c.SSH.Host, Mono: true},
+			{Label: "Port", Value: strconv.Itoa(c.SSH.Port), Mono: true},
+			{Label: "User", Value: c.SSH.User, Mono: true},
+			{Label: "Private key", Secret: true, Hint: "Encrypted at rest; never shown."},
+			{Label: "Host key", Value: c.SSH.HostKey, Mono: true, Hint: environment.HostKeyFingerprint(c.SSH.HostKey)},
+		}
+	case environment.DriverSandbox:
+		sb := c.Sandbox
+		return []views.EnvironmentSetting{
+			{Label: "Network in runs", Value: envOnOff(sb.Network)},
+			{Label: "Network in setup sessions", Value: envOnOff(sb.SetupNetwork)},
+			{Label: "Memory", Value: strconv.Itoa(sb.MemoryMB) + " MiB"},
+			{Label: "CPUs", Value: strconv.FormatFloat(sb.CPUs, 'f', -1, 64)},
+			{Label: "Processes at most", Value: strconv.Itoa(sb.PidsMax)},
+			{Label: "Time limit", Value: strconv.Itoa(sb.TimeoutS) + " s"},
+			{Label: "Active image", Value: "none yet", Hint: "Image versions arrive with later work; the active image will show here."},
+		}
+	default:
+		return []views.EnvironmentSetting{{Label: "Runs on", Value: "this machine, as the user Berth runs as"}}
+	}
+}
+
+func envOnOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// envQualificationDoc is the qualification object a probe writes.
+type envQualificationDoc struct {
+	ProbedAt          time.Time `json:"probed_at"`
+	OK                bool      `json:"ok"`
+	Summary           string    `json:"summary"`
+	ConfigFingerprint string    `json:"config_fingerprint"`
+	ImageDigest       string    `json:"image_digest"`
+}
+
+// envQualificationView phrases a stored qualification; an unreadable one counts as failed.
+func envQualificationView(raw []byte) views.EnvironmentQualification {
+	if len(raw) == 0 || string(raw) == "null" {
+		return views.EnvironmentQualification{State: "none"}
+	}
+	var q envQualificationDoc
+	if err := json.Unmarshal(raw, &q); err != nil {
+		return views.EnvironmentQualification{State: "failed", Summary: "The stored qualification cannot be read."}
+	}
+	state := "failed"
+	if q.OK {
+		state = "ok"
+	}
+	return views.EnvironmentQualification{State: state, ProbedAt: q.ProbedAt, Summary: q.Summary,
+		Fingerprint: q.ConfigFingerprint, ImageDigest: q.ImageDigest}
+}
+
+// newEnvironmentForm is the empty creation form for a driver (local unless another is asked for).
+func newEnvironmentForm(companyID, driver string) views.EnvironmentForm {
+	f := views.EnvironmentForm{ID: "new-environment", Action: "/companies/" + companyID + "/environments",
+		FieldsURL: "/companies/" + companyID + "/environments"}
+	setEnvironmentFormDriver(&f, driver)
+	return f
+}
+
+// setEnvironmentFormDriver switches a form to a driver and fills that driver's defaults.
+func setEnvironmentFormDriver(f *views.EnvironmentForm, driver string) {
+	if !environment.ValidDriver(driver) {
+		driver = environment.DriverLocal
+	}
+	f.Driver = driver
+	f.Host, f.Port, f.User, f.HostKey, f.KeySet = "", "", "", "", false
+	f.Network, f.SetupNet = false, true
+	f.MemoryMB, f.CPUs, f.PidsMax, f.TimeoutS = "", "", "", ""
+}
+
+// editEnvironmentForm is the edit form filled from the stored config; for another driver
+// (?driver=) the driver's defaults, with the variables kept. Secret values are never filled in.
+func editEnvironmentForm(env db.Environment, cfg environment.Config, driver string) views.EnvironmentForm {
+	f := views.EnvironmentForm{ID: "edit-environment", Action: "/environments/" + env.ID,
+		FieldsURL: "/environments/" + env.ID, Edit: true, Name: env.Name}
+	if driver == "" {
+		driver = env.Driver
+	}
+	setEnvironmentFormDriver(&f, driver)
+	var plain, secret []string
+	for _, v := range cfg.Env {
+		if v.Secret {
+			secret = append(secret, v.Name)
+		} else {
+			plain = append(plain, v.Name+"="+v.Value)
+		}
+	}
+	f.Env, f.SecretEnv = strings.Join(plain, "\n"), strings.Join(secret, "\n")
+	if f.Driver != env.Driver {
+		return f
+	}
+	switch cfg.Driver {
+	case environment.DriverSSH:
+		f.Host, f.Port, f.User, f.HostKey, f.KeySet = cfg.SSH.Host, strconv.Itoa(cfg.SSH.Port), cfg.SSH.User, cfg.SSH.HostKey, true
+	case environment.DriverSandbox:
+		sb := cfg.Sandbox
+		f.Network, f.SetupNet = sb.Network, sb.SetupNetwork
+		f.MemoryMB, f.CPUs = strconv.Itoa(sb.MemoryMB), strconv.FormatFloat(sb.CPUs, 'f', -1, 64)
+		f.PidsMax, f.TimeoutS = strconv.Itoa(sb.PidsMax), strconv.Itoa(sb.TimeoutS)
+	}
+	return f
+}
