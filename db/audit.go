@@ -180,3 +180,17 @@ func LatestUnmanagedReports(ctx context.Context, q Querier) ([]UnmanagedReport, 
 		return u, err
 	})
 }
+
+// LatestAuditDetails returns the details (JSON) of the newest event of action on (targetType,
+// targetID) recorded within the last window (database clock), or ErrNotFound: how a writer of
+// periodic reports finds what it reported last.
+func LatestAuditDetails(ctx context.Context, q Querier, action, targetType, targetID string, window time.Duration) ([]byte, error) {
+	var b []byte
+	err := q.QueryRow(ctx, `SELECT details FROM audit_events
+		WHERE action = $1 AND target_type = $2 AND target_id = $3 AND at > now() - $4::interval
+		ORDER BY at DESC, id DESC LIMIT 1`, action, targetType, targetID, window).Scan(&b)
+	if err != nil {
+		return nil, fmt.Errorf("latest %s: %w", action, notFound(err))
+	}
+	return b, nil
+}

@@ -2,7 +2,6 @@ package db
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -161,8 +160,6 @@ func ListExecutionWorkspaces(ctx context.Context, q Querier, companyID string, f
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ExecutionWorkspace, error) { return scanExecutionWorkspace(r) })
 }
 
-// ---- Close and reopen (issue 5): the fenced transitions, and what close-readiness reads. ----
-
 // Workspace statuses.
 const (
 	WorkspacePreparing     = "preparing"
@@ -177,12 +174,6 @@ const (
 var WorkspaceStatuses = []string{WorkspacePreparing, WorkspaceReady, WorkspaceFailed, WorkspaceClosing,
 	WorkspaceClosed, WorkspaceCleanupFailed}
 
-// ExecutionWorkspaceForJob reads a workspace by id for a worker (jobs carry the ids they were
-// enqueued with); companyID still filters.
-func ExecutionWorkspaceForJob(ctx context.Context, q Querier, companyID, id string) (ExecutionWorkspace, error) {
-	return ExecutionWorkspaceByID(ctx, q, companyID, id)
-}
-
 // LockExecutionWorkspace reads a company's workspace and locks its row for the rest of tx, so
 // leases (AcquireLease share-locks the row) and other closes or reopens wait for the decision.
 func LockExecutionWorkspace(ctx context.Context, tx pgx.Tx, companyID, id string) (ExecutionWorkspace, error) {
@@ -192,6 +183,9 @@ func LockExecutionWorkspace(ctx context.Context, tx pgx.Tx, companyID, id string
 	return scanExecutionWorkspace(tx.QueryRow(ctx, `SELECT `+executionWorkspaceColumns+`
 		FROM execution_workspaces WHERE company_id = $1 AND id = $2 FOR UPDATE`, companyID, id))
 }
+
+// Close and reopen (docs/runs.md "Continuing, closing, reopening"): each transition is fenced by
+// the generation the writer holds.
 
 // workspaceTransition is one fenced UPDATE of a workspace: it matches only the generation the
 // writer holds and the statuses the transition starts from, else ErrWorkspaceFenced.
@@ -250,271 +244,6 @@ func AbortWorkspaceReopen(ctx context.Context, q Querier, id string, gen int64, 
 		`status = 'closed', closed_at = now(), cleanup_reason = $4`, reason)
 }
 
-// WorkspaceRuns lists the runs of a workspace, newest first: those recorded on it, and live runs
-// not yet provisioned whose plan reuses it (they will work in it).
-func WorkspaceRuns(ctx context.Context, q Querier, companyID, workspaceID string, limit int) ([]Run, error) {
-	if !validUUID(companyID) || !validUUID(workspaceID) {
-		return nil, ErrNotFound
-	}
-	rows, err := q.Query(ctx, `SELECT `+runColumns+` FROM runs
-		WHERE company_id = $1 AND (execution_workspace_id = $2
-			OR (execution_workspace_id IS NULL AND status = ANY($3) AND plan->>'reuse_workspace_id' = $2::text))
-		ORDER BY created_at DESC, id DESC LIMIT $4`, companyID, workspaceID, LiveRunStatuses, limit)
-	if err != nil {
-		return nil, fmt.Errorf("workspace runs: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Run, error) { return scanRun(r) })
-}
-
-// WorkspaceLiveRuns lists every live run of a workspace (see WorkspaceRuns), however many.
-func WorkspaceLiveRuns(ctx context.Context, q Querier, companyID, workspaceID string) ([]Run, error) {
-	if !validUUID(companyID) || !validUUID(workspaceID) {
-		return nil, ErrNotFound
-	}
-	rows, err := q.Query(ctx, `SELECT `+runColumns+` FROM runs
-		WHERE company_id = $1 AND status = ANY($3) AND (execution_workspace_id = $2
-			OR (execution_workspace_id IS NULL AND plan->>'reuse_workspace_id' = $2::text))
-		ORDER BY created_at DESC, id DESC`, companyID, workspaceID, LiveRunStatuses)
-	if err != nil {
-		return nil, fmt.Errorf("workspace live runs: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Run, error) { return scanRun(r) })
-}
-
-// WorkspaceLeases lists a workspace's leases, live ones first, then newest first. With live set
-// only live leases are listed (all of them); otherwise at most limit.
-func WorkspaceLeases(ctx context.Context, q Querier, companyID, workspaceID string, live bool, limit int) ([]Lease, error) {
-	if !validUUID(companyID) || !validUUID(workspaceID) {
-		return nil, ErrNotFound
-	}
-	if live {
-		limit = 1 << 20
-	}
-	rows, err := q.Query(ctx, `SELECT `+leaseColumns+` FROM environment_leases l
-		WHERE l.company_id = $1 AND l.execution_workspace_id = $2
-			AND (NOT $3 OR l.status IN ('acquiring', 'active', 'releasing'))
-		ORDER BY (l.status IN ('acquiring', 'active', 'releasing')) DESC, l.created_at DESC, l.id DESC LIMIT $4`,
-		companyID, workspaceID, live, limit)
-	if err != nil {
-		return nil, fmt.Errorf("workspace leases: %w", err)
-	}
-	return collectLeases(rows)
-}
-
-// WorkspaceTask is a task linked to a workspace: the task that created it, or one bound to it.
-type WorkspaceTask struct {
-	ID     string
-	Key    string
-	Title  string
-	Status string
-	Source bool // the task whose run created the workspace
-	Bound  bool // the task's binding names the workspace
-}
-
-// WorkspaceLinkedTasks lists the source task and every task bound to a workspace, by key.
-func WorkspaceLinkedTasks(ctx context.Context, q Querier, companyID, workspaceID string) ([]WorkspaceTask, error) {
-	if !validUUID(companyID) || !validUUID(workspaceID) {
-		return nil, ErrNotFound
-	}
-	rows, err := q.Query(ctx, `SELECT t.id, t.key, t.title, t.status,
-			coalesce(t.id = w.source_task_id, false),
-			EXISTS (SELECT 1 FROM task_workspace_bindings b WHERE b.task_id = t.id AND b.execution_workspace_id = w.id)
-		FROM execution_workspaces w
-		JOIN tasks t ON t.company_id = w.company_id
-		WHERE w.company_id = $1 AND w.id = $2
-		  AND (t.id = w.source_task_id OR t.id IN (SELECT task_id FROM task_workspace_bindings WHERE execution_workspace_id = w.id))
-		ORDER BY t.key, t.id`, companyID, workspaceID)
-	if err != nil {
-		return nil, fmt.Errorf("workspace tasks: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkspaceTask, error) {
-		var t WorkspaceTask
-		err := r.Scan(&t.ID, &t.Key, &t.Title, &t.Status, &t.Source, &t.Bound)
-		return t, err
-	})
-}
-
-// WorkspaceWorkProducts lists the work products recorded from a workspace, newest first.
-func WorkspaceWorkProducts(ctx context.Context, q Querier, companyID, workspaceID string, limit int) ([]WorkProduct, error) {
-	if !validUUID(companyID) || !validUUID(workspaceID) {
-		return nil, ErrNotFound
-	}
-	rows, err := q.Query(ctx, `SELECT `+workProductColumns+` FROM work_products
-		WHERE company_id = $1 AND execution_workspace_id = $2 ORDER BY created_at DESC, id DESC LIMIT $3`,
-		companyID, workspaceID, limit)
-	if err != nil {
-		return nil, fmt.Errorf("workspace work products: %w", err)
-	}
-	return collectWorkProducts(rows)
-}
-
-// WorkProductCursor is the position after which a page of work products starts.
-type WorkProductCursor struct {
-	CreatedAt time.Time `json:"t"`
-	ID        string    `json:"i"`
-}
-
-// TaskWorkProductsPage lists a task's work products newest first, after the cursor (zero: from
-// the newest), at most limit.
-func TaskWorkProductsPage(ctx context.Context, q Querier, companyID, taskID string, after WorkProductCursor, limit int) ([]WorkProduct, error) {
-	if !validUUID(companyID) || !validUUID(taskID) {
-		return nil, ErrNotFound
-	}
-	var afterID any
-	if after.ID != "" {
-		if !validUUID(after.ID) {
-			return nil, fmt.Errorf("task work products: %w", ErrInvalidID)
-		}
-		afterID = after.ID
-	}
-	rows, err := q.Query(ctx, `SELECT `+workProductColumns+` FROM work_products
-		WHERE company_id = $1 AND task_id = $2
-		  AND ($4::uuid IS NULL OR (created_at, id) < ($3::timestamptz, $4::uuid))
-		ORDER BY created_at DESC, id DESC LIMIT $5`, companyID, taskID, after.CreatedAt, afterID, limit)
-	if err != nil {
-		return nil, fmt.Errorf("task work products: %w", err)
-	}
-	return collectWorkProducts(rows)
-}
-
-const workProductColumns = `id, company_id, coalesce(task_id::text, ''), coalesce(run_id::text, ''),
-	coalesce(execution_workspace_id::text, ''), kind, ref, url, path, metadata, created_at`
-
-func collectWorkProducts(rows pgx.Rows) ([]WorkProduct, error) {
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkProduct, error) {
-		var p WorkProduct
-		err := r.Scan(&p.ID, &p.CompanyID, &p.TaskID, &p.RunID, &p.ExecutionWorkspaceID, &p.Kind, &p.Ref, &p.URL,
-			&p.Path, &p.Metadata, &p.CreatedAt)
-		return p, err
-	})
-}
-
-// OperationCursor is the position after which a page of a workspace's ledger starts (oldest
-// first).
-type OperationCursor struct {
-	StartedAt time.Time `json:"t"`
-	ID        string    `json:"i"`
-}
-
-// WorkspaceOperationsPage lists a workspace's ledger oldest first, after the cursor, at most
-// limit, with only the last excerpt bytes of each log (Log holds that tail; LogBytes the total
-// captured size).
-func WorkspaceOperationsPage(ctx context.Context, q Querier, companyID, workspaceID string, after OperationCursor, limit, excerpt int) ([]Operation, error) {
-	if !validUUID(companyID) || !validUUID(workspaceID) {
-		return nil, ErrNotFound
-	}
-	var afterID any
-	if after.ID != "" {
-		if !validUUID(after.ID) {
-			return nil, fmt.Errorf("workspace operations: %w", ErrInvalidID)
-		}
-		afterID = after.ID
-	}
-	rows, err := q.Query(ctx, `SELECT id, company_id, coalesce(execution_workspace_id::text, ''), coalesce(run_id::text, ''),
-			coalesce(task_id::text, ''), phase, command, cwd, status, exit_code,
-			substring(log FROM greatest(length(log) - $6 + 1, 1)), log_bytes, log_sha256, log_truncated,
-			error, started_at, finished_at
-		FROM workspace_operations
-		WHERE company_id = $1 AND execution_workspace_id = $2
-		  AND ($4::uuid IS NULL OR (started_at, id) > ($3::timestamptz, $4::uuid))
-		ORDER BY started_at, id LIMIT $5`, companyID, workspaceID, after.StartedAt, afterID, limit, excerpt)
-	if err != nil {
-		return nil, fmt.Errorf("workspace operations: %w", err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Operation, error) { return scanOperation(r) })
-}
-
-// WorkspaceOperationByID reads one ledger step of a company's workspace, with its whole stored log.
-func WorkspaceOperationByID(ctx context.Context, q Querier, companyID, workspaceID, id string) (Operation, error) {
-	if !validUUID(companyID) || !validUUID(workspaceID) || !validUUID(id) {
-		return Operation{}, ErrNotFound
-	}
-	return scanOperation(q.QueryRow(ctx, `SELECT `+operationColumns+` FROM workspace_operations
-		WHERE company_id = $1 AND execution_workspace_id = $2 AND id = $3`, companyID, workspaceID, id))
-}
-
-// OperationSucceededSince reports whether the workspace's ledger has a succeeded step of phase
-// whose command starts with prefix, started at or after since (database clock): how a retried
-// job finds a step its earlier attempt already did.
-func OperationSucceededSince(ctx context.Context, q Querier, workspaceID, phase, prefix string, since time.Time) (bool, error) {
-	var ok bool
-	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM workspace_operations
-		WHERE execution_workspace_id = $1 AND phase = $2 AND status = 'succeeded' AND started_at >= $4
-		  AND left(command, length($3)) = $3)`, workspaceID, phase, prefix, since).Scan(&ok)
-	if err != nil {
-		return false, fmt.Errorf("operation lookup: %w", err)
-	}
-	return ok, nil
-}
-
-// AddWorkspaceWorkProduct records a work product that belongs to no run (a rescue commit made by
-// a close), once per (workspace, kind, ref).
-func AddWorkspaceWorkProduct(ctx context.Context, q Querier, p WorkProduct) error {
-	meta := p.Metadata
-	if meta == nil {
-		meta = map[string]any{}
-	}
-	b, err := json.Marshal(meta)
-	if err != nil {
-		return fmt.Errorf("add work product: %w", err)
-	}
-	_, err = q.Exec(ctx, `INSERT INTO work_products (company_id, task_id, execution_workspace_id, kind, ref, url, path, metadata)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8
-		WHERE NOT EXISTS (SELECT 1 FROM work_products WHERE execution_workspace_id = $3 AND kind = $4 AND ref = $5)`,
-		p.CompanyID, nullable(p.TaskID), nullable(p.ExecutionWorkspaceID), p.Kind, p.Ref, p.URL, p.Path, b)
-	if err != nil {
-		return fmt.Errorf("add work product: %w", err)
-	}
-	return nil
-}
-
-// TaskLabel is a task's key and title, for lists that name tasks by id.
-type TaskLabel struct {
-	Key   string
-	Title string
-}
-
-// TaskLabels returns the key and title of each of a company's tasks among ids (unknown or foreign
-// ids are left out).
-func TaskLabels(ctx context.Context, q Querier, companyID string, ids []string) (map[string]TaskLabel, error) {
-	out := map[string]TaskLabel{}
-	var valid []string
-	for _, id := range ids {
-		if validUUID(id) {
-			valid = append(valid, id)
-		}
-	}
-	if len(valid) == 0 || !validUUID(companyID) {
-		return out, nil
-	}
-	rows, err := q.Query(ctx, `SELECT id::text, key, title FROM tasks WHERE company_id = $1 AND id = ANY($2::uuid[])`, companyID, valid)
-	if err != nil {
-		return nil, fmt.Errorf("task labels: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		var l TaskLabel
-		if err := rows.Scan(&id, &l.Key, &l.Title); err != nil {
-			return nil, fmt.Errorf("task labels: %w", err)
-		}
-		out[id] = l
-	}
-	return out, rows.Err()
-}
-
-// OperationStartedSince reports whether the workspace's ledger has a step of phase, in any
-// status, started at or after since (database clock): an earlier attempt of a job got that far.
-func OperationStartedSince(ctx context.Context, q Querier, workspaceID, phase string, since time.Time) (bool, error) {
-	var ok bool
-	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM workspace_operations
-		WHERE execution_workspace_id = $1 AND phase = $2 AND started_at >= $3)`, workspaceID, phase, since).Scan(&ok)
-	if err != nil {
-		return false, fmt.Errorf("operation lookup: %w", err)
-	}
-	return ok, nil
-}
-
 // ExecutionWorkspaceByRef finds a company's workspace by its opaque ref (a realization that
 // reused an existing worktree returns that worktree's ref).
 func ExecutionWorkspaceByRef(ctx context.Context, q Querier, companyID, ref string) (ExecutionWorkspace, error) {
@@ -528,4 +257,19 @@ func TaskOpenWorkspace(ctx context.Context, q Querier, companyID, taskID, mode, 
 	return scanExecutionWorkspace(q.QueryRow(ctx, `SELECT `+executionWorkspaceColumns+`
 		FROM execution_workspaces WHERE company_id = $1 AND source_task_id = $2 AND mode = $3 AND strategy = $4
 		  AND status = 'ready' ORDER BY created_at DESC, id DESC LIMIT 1`, companyID, taskID, mode, strategy))
+}
+
+// UnrecordedRefs returns, sorted, the refs among refs that no execution workspace row names: a
+// node's managed directories that Berth holds no record of (reported, never deleted).
+func UnrecordedRefs(ctx context.Context, q Querier, refs []string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT u.ref FROM unnest($1::text[]) AS u(ref)
+		WHERE NOT EXISTS (SELECT 1 FROM execution_workspaces w WHERE w.ref = u.ref) ORDER BY u.ref`, refs)
+	if err != nil {
+		return nil, fmt.Errorf("unrecorded refs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("unrecorded refs: %w", err)
+	}
+	return out, nil
 }

@@ -29,7 +29,7 @@ import (
 //
 // Two workloads. workspaces: 2 environments × 256 workspaces, each worker leasing a random
 // one, which is how Berth leases (one lease per run of a task's workspace, few runs per workspace
-// at a time); the runs issue's goal (≥ 0.6) is for this one. hot: the same 8 workers on only
+// at a time); the target ratio (≥ 0.6, docs/database.md) is for this one. hot: the same 8 workers on only
 // 2 × 16 slots, each re-leased thousands of times a second, a stress case: every release leaves a
 // dead entry under the same key of the one-live index that later acquisitions of that slot step
 // over until vacuum removes it, which a raw loop updating 32 rows in place never has.

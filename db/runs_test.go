@@ -161,4 +161,18 @@ func TestExecutionWorkspaceOperationsAndProducts(t *testing.T) {
 	if err != nil || len(products) != 1 || products[0].Metadata["branch"] != "berth/PRJ-1" {
 		t.Fatalf("work products = %+v (%v)", products, err)
 	}
+
+	// A product of no run (a close's rescue commit) is recorded once per (workspace, kind, ref),
+	// whoever recorded that ref before.
+	for _, ref := range []string{"def456", "def456", "abc123"} {
+		if err := db.AddWorkProduct(ctx, w.pool, db.WorkProduct{CompanyID: w.companyID, TaskID: w.task,
+			ExecutionWorkspaceID: ws.ID, Kind: "commit", Ref: ref, Metadata: map[string]any{"reason": "destructive close"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	products, err = db.WorkspaceWorkProducts(ctx, w.pool, w.companyID, ws.ID, 10)
+	if err != nil || len(products) != 2 || products[0].Ref != "def456" || products[0].RunID != "" ||
+		products[0].Metadata["reason"] != "destructive close" || products[1].RunID != r.ID {
+		t.Fatalf("workspace work products = %+v (%v)", products, err)
+	}
 }

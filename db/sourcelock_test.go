@@ -50,10 +50,11 @@ func TestSourceLock(t *testing.T) {
 	}
 }
 
-// testKeepaliveHoldsLock is the regression of DESIGN §4: the server ends sessions idle in a
-// transaction for 1 s, the work runs 4 s without touching the lock connection, and still the
-// lock holds: a competitor for the same source waits at the server until the work is done,
-// other sources and companies go ahead, and the one-connection pool stays usable.
+// testKeepaliveHoldsLock is the regression of the source lock's keepalive rule (docs/database.md
+// "Source preparation lock"): the server ends sessions idle in a transaction for 1 s, the work
+// runs 4 s without touching the lock connection, and still the lock holds: a competitor for the
+// same source waits at the server until the work is done, other sources and companies go ahead,
+// and the one-connection pool stays usable.
 func testKeepaliveHoldsLock(t *testing.T) {
 	t.Parallel()
 	pool := lockDB(t)

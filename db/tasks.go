@@ -277,3 +277,71 @@ func TaskEnvironments(ctx context.Context, q Querier, companyID string) ([]TaskE
 	}
 	return envs, nil
 }
+
+// WorkspaceTask is a task linked to a workspace: the task that created it, or one bound to it.
+type WorkspaceTask struct {
+	ID     string
+	Key    string
+	Title  string
+	Status string
+	Source bool // the task whose run created the workspace
+	Bound  bool // the task's binding names the workspace
+}
+
+// WorkspaceLinkedTasks lists the source task and every task bound to a workspace, by key.
+func WorkspaceLinkedTasks(ctx context.Context, q Querier, companyID, workspaceID string) ([]WorkspaceTask, error) {
+	if !validUUID(companyID) || !validUUID(workspaceID) {
+		return nil, ErrNotFound
+	}
+	rows, err := q.Query(ctx, `SELECT t.id, t.key, t.title, t.status,
+			coalesce(t.id = w.source_task_id, false),
+			EXISTS (SELECT 1 FROM task_workspace_bindings b WHERE b.task_id = t.id AND b.execution_workspace_id = w.id)
+		FROM execution_workspaces w
+		JOIN tasks t ON t.company_id = w.company_id
+		WHERE w.company_id = $1 AND w.id = $2
+		  AND (t.id = w.source_task_id OR t.id IN (SELECT task_id FROM task_workspace_bindings WHERE execution_workspace_id = w.id))
+		ORDER BY t.key, t.id`, companyID, workspaceID)
+	if err != nil {
+		return nil, fmt.Errorf("workspace tasks: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkspaceTask, error) {
+		var t WorkspaceTask
+		err := r.Scan(&t.ID, &t.Key, &t.Title, &t.Status, &t.Source, &t.Bound)
+		return t, err
+	})
+}
+
+// TaskLabel is a task's key and title, for lists that name tasks by id.
+type TaskLabel struct {
+	Key   string
+	Title string
+}
+
+// TaskLabels returns the key and title of each of a company's tasks among ids (unknown or foreign
+// ids are left out).
+func TaskLabels(ctx context.Context, q Querier, companyID string, ids []string) (map[string]TaskLabel, error) {
+	out := map[string]TaskLabel{}
+	var valid []string
+	for _, id := range ids {
+		if validUUID(id) {
+			valid = append(valid, id)
+		}
+	}
+	if len(valid) == 0 || !validUUID(companyID) {
+		return out, nil
+	}
+	rows, err := q.Query(ctx, `SELECT id::text, key, title FROM tasks WHERE company_id = $1 AND id = ANY($2::uuid[])`, companyID, valid)
+	if err != nil {
+		return nil, fmt.Errorf("task labels: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var l TaskLabel
+		if err := rows.Scan(&id, &l.Key, &l.Title); err != nil {
+			return nil, fmt.Errorf("task labels: %w", err)
+		}
+		out[id] = l
+	}
+	return out, rows.Err()
+}

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -20,7 +19,9 @@ import (
 	"berth/workspace"
 )
 
-// Closing and reopening execution workspaces (DESIGN §4 "Close-readiness", §8 "Close").
+// Closing and reopening execution workspaces (docs/runs.md "Continuing, closing, reopening";
+// the close-readiness contract is in docs/api.md "Execution workspaces"; reopen_workspace.go holds
+// the reopen job).
 //
 // The handler decides: under a row lock it evaluates close-readiness, moves the workspace to
 // closing with generation+1 and enqueues close_workspace with the plan it showed (rescue or not,
@@ -88,10 +89,7 @@ func (w *CloseWorkspaceWorker) Timeout(*river.Job[CloseWorkspaceArgs]) time.Dura
 // Work closes the workspace, or records why it could not.
 func (w *CloseWorkspaceWorker) Work(ctx context.Context, job *river.Job[CloseWorkspaceArgs]) error {
 	a := job.Args
-	ws, err := db.ExecutionWorkspaceForJob(ctx, w.deps.Pool, a.CompanyID, a.WorkspaceID)
-	if errors.Is(err, db.ErrNotFound) {
-		return river.JobCancel(fmt.Errorf("close_workspace: workspace %s is gone", a.WorkspaceID))
-	}
+	ws, err := w.jobWorkspace(ctx, "close_workspace", a.CompanyID, a.WorkspaceID)
 	if err != nil {
 		return err
 	}
@@ -189,8 +187,9 @@ func (w *CloseWorkspaceWorker) close(ctx context.Context, job *river.Job[CloseWo
 }
 
 // stillClean refuses a close accepted as clean whose worktree now holds uncommitted or unmerged
-// work: nothing may be lost without a rescue. It checks before the cleanup command (which may write
-// in the tree); a retry that got past the cleanup command does not check again.
+// work (workspace.GitState.WorkAtRisk, the rule close-readiness blocks on): nothing may be lost
+// without a rescue. It checks before the cleanup command (which may write in the tree); a retry
+// that got past the cleanup command does not check again.
 func (w *CloseWorkspaceWorker) stillClean(ctx context.Context, job *river.Job[CloseWorkspaceArgs], ws db.ExecutionWorkspace, root string) error {
 	started, err := db.OperationStartedSince(ctx, w.deps.Pool, ws.ID, "cleanup", job.CreatedAt)
 	if err != nil || started {
@@ -200,7 +199,7 @@ func (w *CloseWorkspaceWorker) stillClean(ctx context.Context, job *river.Job[Cl
 	if err != nil {
 		return err
 	}
-	if gs.Readable && (gs.Dirty > 0 || gs.Untracked > 0 || (gs.Ahead > 0 && !gs.Merged)) {
+	if dirty, unmerged := gs.WorkAtRisk(); gs.Readable && (dirty || unmerged) {
 		return errors.New("the worktree has uncommitted or unmerged work that was not there when the close was accepted; nothing was deleted. Check close-readiness and close again (confirming a destructive close saves it to a rescue ref first)")
 	}
 	return nil
@@ -230,7 +229,7 @@ func (w *CloseWorkspaceWorker) rescue(ctx context.Context, job *river.Job[CloseW
 	if err != nil {
 		return fmt.Errorf("saving the work to a rescue ref failed, so nothing was deleted: %w", err)
 	}
-	return db.AddWorkspaceWorkProduct(ctx, w.deps.Pool, db.WorkProduct{CompanyID: ws.CompanyID, TaskID: ws.SourceTaskID,
+	return db.AddWorkProduct(ctx, w.deps.Pool, db.WorkProduct{CompanyID: ws.CompanyID, TaskID: ws.SourceTaskID,
 		ExecutionWorkspaceID: ws.ID, Kind: "commit", Ref: rr.Commit,
 		Metadata: map[string]any{"rescue_ref": rr.Name, "branch": ws.Branch, "reason": "destructive close"}})
 }
@@ -343,150 +342,17 @@ func (w runWorker) failureReason(err error) string {
 	return s
 }
 
+// jobWorkspace reads the workspace a close or reopen job names; one that is gone cancels the job.
+func (w runWorker) jobWorkspace(ctx context.Context, kind, companyID, id string) (db.ExecutionWorkspace, error) {
+	ws, err := db.ExecutionWorkspaceByID(ctx, w.deps.Pool, companyID, id)
+	if errors.Is(err, db.ErrNotFound) {
+		return ws, river.JobCancel(fmt.Errorf("%s: workspace %s is gone", kind, id))
+	}
+	return ws, err
+}
+
 // systemAudit records what a job did to a workspace, in tx.
 func systemAudit(ctx context.Context, tx pgx.Tx, ws db.ExecutionWorkspace, action string, details map[string]any) error {
 	return db.InsertAudit(ctx, tx, db.AuditEvent{CompanyID: ws.CompanyID, ActorType: db.ActorSystem, ActorLabel: "berth",
 		Action: action, TargetType: "execution_workspace", TargetID: ws.ID, Details: details})
-}
-
-// ReopenWorkspaceArgs asks to rebuild a reopened workspace (status preparing at Generation).
-type ReopenWorkspaceArgs struct {
-	CompanyID   string `json:"company_id"`
-	WorkspaceID string `json:"workspace_id"`
-	Generation  int64  `json:"generation"`
-}
-
-// Kind names the job in River.
-func (ReopenWorkspaceArgs) Kind() string { return "reopen_workspace" }
-
-// InsertOpts: an interrupted attempt is retried.
-func (ReopenWorkspaceArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{MaxAttempts: closeAttempts}
-}
-
-// ReopenWorkspaceWorker rebuilds a closed workspace: a git worktree is realized again from the
-// same task branch (whose history the close kept), a copy is copied again from the project
-// source, a shared workspace points at the project directory again. The root gets a new ref.
-type ReopenWorkspaceWorker struct {
-	river.WorkerDefaults[ReopenWorkspaceArgs]
-	runWorker
-}
-
-// Timeout bounds one rebuild.
-func (w *ReopenWorkspaceWorker) Timeout(*river.Job[ReopenWorkspaceArgs]) time.Duration {
-	return 15 * time.Minute
-}
-
-// Work rebuilds the workspace and marks it ready, or returns it to closed with the reason.
-func (w *ReopenWorkspaceWorker) Work(ctx context.Context, job *river.Job[ReopenWorkspaceArgs]) error {
-	a := job.Args
-	ws, err := db.ExecutionWorkspaceForJob(ctx, w.deps.Pool, a.CompanyID, a.WorkspaceID)
-	if errors.Is(err, db.ErrNotFound) {
-		return river.JobCancel(fmt.Errorf("reopen_workspace: workspace %s is gone", a.WorkspaceID))
-	}
-	if err != nil {
-		return err
-	}
-	if ws.Generation != a.Generation || ws.Status != db.WorkspacePreparing {
-		return nil // fenced: closed, reopened or rebuilt since
-	}
-	res, realizeErr := w.realize(ctx, ws)
-	if realizeErr != nil && ctx.Err() != nil && job.Attempt < closeAttempts {
-		return realizeErr
-	}
-	if realizeErr == nil && res.Reused && res.Ref != ws.Ref {
-		realizeErr = fmt.Errorf("the task branch %s is checked out in another workspace (%s); close that one first", res.Branch, res.Ref)
-	}
-	bg := context.WithoutCancel(ctx)
-	var fenced bool
-	err = db.InTx(bg, w.deps.Pool, func(tx pgx.Tx) error {
-		if realizeErr != nil {
-			reason := "Reopening failed: " + w.failureReason(realizeErr)
-			_, err := db.AbortWorkspaceReopen(bg, tx, ws.ID, ws.Generation, reason)
-			if errors.Is(err, db.ErrWorkspaceFenced) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			return systemAudit(bg, tx, ws, "execution_workspace.reopen_failed", map[string]any{"generation": ws.Generation, "reason": reason})
-		}
-		r := db.Realized{Cwd: res.Cwd, BaseRef: res.BaseRef, BaseCommit: res.BaseCommit, Branch: res.Branch, TreeDigest: res.TreeDigest}
-		if res.Strategy == workspace.StrategyGitWorktree && ws.BaseRef != "" {
-			r.BaseRef, r.BaseCommit = ws.BaseRef, ws.BaseCommit // realized from the recorded base commit
-		}
-		_, err := db.MarkWorkspaceReopened(bg, tx, ws.ID, ws.Generation, res.Ref, r)
-		if errors.Is(err, db.ErrWorkspaceFenced) {
-			fenced = true
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		return systemAudit(bg, tx, ws, "execution_workspace.reopened", map[string]any{"generation": ws.Generation})
-	})
-	if err != nil {
-		return err
-	}
-	if fenced && realizeErr == nil && !res.Reused {
-		// Someone else moved the workspace on: the new root belongs to nobody.
-		if res.Strategy == workspace.StrategyShared {
-			_ = w.deps.Workspaces.Forget(res.Ref)
-		} else {
-			_ = w.deps.Workspaces.Destroy(bg, res.Ref)
-		}
-	}
-	return nil
-}
-
-// realize rebuilds the root as a ledger step.
-func (w *ReopenWorkspaceWorker) realize(ctx context.Context, ws db.ExecutionWorkspace) (workspace.Result, error) {
-	if ws.ProjectWorkspaceID == "" {
-		return workspace.Result{}, errors.New("the project workspace it came from was deleted")
-	}
-	pw, err := db.ProjectWorkspaceByID(ctx, w.deps.Pool, ws.CompanyID, ws.ProjectWorkspaceID)
-	if err != nil {
-		return workspace.Result{}, fmt.Errorf("the project workspace it came from cannot be read: %w", err)
-	}
-	var plan workspace.Plan
-	_ = json.Unmarshal(ws.Plan, &plan)
-	taskKey := "task"
-	if ws.SourceTaskID != "" {
-		if t, err := db.TaskByID(ctx, w.deps.Pool, ws.CompanyID, ws.SourceTaskID); err == nil {
-			taskKey = t.Key
-		}
-	}
-	var res workspace.Result
-	err = w.operation(ctx, db.NewOperation{CompanyID: ws.CompanyID, ExecutionWorkspaceID: ws.ID, TaskID: ws.SourceTaskID,
-		Phase: "realize", Command: "reopen " + ws.Strategy}, func(log *environment.LogBuffer) (*int, error) {
-		var err error
-		switch ws.Strategy {
-		case string(workspace.StrategyShared):
-			res, err = w.deps.Workspaces.RealizeShared(ctx, pw.Source)
-		case string(workspace.StrategyCopy):
-			res, err = w.deps.Workspaces.RealizeCopy(ctx, pw.Source)
-		case string(workspace.StrategyGitWorktree):
-			base := ws.BaseCommit
-			if base == "" {
-				base = pw.DefaultRef
-			}
-			branch := ws.Branch
-			if branch == "" {
-				branch = plan.Branch
-			}
-			err = db.WithSourceLock(ctx, w.deps.Pool, ws.CompanyID, pw.Source, func(ctx context.Context) error {
-				var rerr error
-				res, rerr = w.deps.Workspaces.RealizeGitWorktree(ctx, workspace.GitWorktreeSpec{Source: pw.Source,
-					DefaultRef: base, TaskKey: taskKey, BranchTemplate: branch})
-				return rerr
-			})
-		default:
-			err = fmt.Errorf("unknown strategy %q", ws.Strategy)
-		}
-		if err == nil {
-			fmt.Fprintf(log, "realized %s workspace %s (branch %q, base %s)\n", res.Strategy, res.Ref, res.Branch, res.BaseCommit)
-		}
-		return nil, err
-	})
-	return res, err
 }

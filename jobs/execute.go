@@ -146,8 +146,8 @@ func (w *ExecuteRunWorker) watch(ctx context.Context, stop context.CancelCauseFu
 			}
 			_ = db.HeartbeatRun(ctx, w.deps.Pool, run.ID)
 		case <-poll.C:
-			var cancel bool
-			if err := w.deps.Pool.QueryRow(ctx, `SELECT cancel_requested FROM runs WHERE id = $1`, run.ID).Scan(&cancel); err == nil && cancel {
+			// A failed read is asked again at the next poll.
+			if cancel, err := db.RunCancelRequested(ctx, w.deps.Pool, run.ID); err == nil && cancel {
 				stop(context.Canceled)
 				return
 			}

@@ -3,8 +3,6 @@ package jobs
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -88,19 +86,6 @@ func (e *Executing) Has(runID string) bool {
 	return e.runs[runID] > 0
 }
 
-// lastReport is the last unmanaged report this process wrote or read, if it knows one.
-func (e *Executing) lastReport() (unmanagedReport, bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.report, e.reportKnown
-}
-
-func (e *Executing) setLastReport(r unmanagedReport) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.report, e.reportKnown = r, true
-}
-
 // ownsHolder reports whether a River attempted_by entry is a client of this node (this process
 // or an earlier one).
 func (e *Executing) ownsHolder(holder string) bool {
@@ -124,9 +109,9 @@ func (e *Executing) claimLocked(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("claim node %s: %w", e.node, err)
 	}
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared($1)`, nodeLockKey(e.node)); err != nil {
+	if err := db.LockNodeShared(ctx, conn, e.node); err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
-		return fmt.Errorf("claim node %s: %w", e.node, err)
+		return err
 	}
 	e.claim = conn
 	return nil
@@ -178,18 +163,8 @@ func (e *Executing) whileSole(ctx context.Context, fn func(sole bool) error) err
 		}
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // ends the exclusive lock
-	var sole bool
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, nodeLockKey(e.node)).Scan(&sole); err != nil {
-		sole = false
-	}
-	return fn(sole)
-}
-
-// nodeLockKey is the advisory-lock key of a node id: the first 8 bytes of SHA-256 over a prefix
-// that keeps it clear of Berth's other lock keys.
-func nodeLockKey(node string) int64 {
-	sum := sha256.Sum256([]byte("berth node claim\x00" + node))
-	return int64(binary.BigEndian.Uint64(sum[:8]))
+	sole, err := db.TryLockNodeExclusive(ctx, tx, e.node)
+	return fn(err == nil && sole)
 }
 
 // heartbeatEvery is how often a run's executor proves it is alive; execute_run's watcher beats

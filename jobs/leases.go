@@ -13,7 +13,7 @@ import (
 	"berth/environment"
 )
 
-// Lease expiry and cleanup (DESIGN §4 Leases): a periodic job expires leases whose holder stopped
+// Lease expiry and cleanup (docs/runs.md "Leases", docs/jobs.md): a periodic job expires leases whose holder stopped
 // heartbeating and enqueues their cleanup in the same transaction; cleanup retries with backoff,
 // and after its last attempt the lease stays cleanup failed, for an administrator's "retry
 // cleanup" (which enqueues cleanup_lease again).
@@ -110,7 +110,7 @@ type CleanupLeaseWorker struct {
 // Work cleans up once; on the last attempt a failure is recorded on the lease (cleanup failed,
 // with the reason), where it stays until an administrator retries.
 func (w *CleanupLeaseWorker) Work(ctx context.Context, job *river.Job[CleanupLeaseArgs]) error {
-	lease, err := leaseForCleanup(ctx, w.deps.Pool, job.Args.LeaseID)
+	lease, err := db.LeaseForJob(ctx, w.deps.Pool, job.Args.LeaseID)
 	if errors.Is(err, db.ErrNotFound) {
 		return nil // deleted: nothing left to clean
 	}
@@ -156,16 +156,15 @@ func (w *CleanupLeaseWorker) cleanup(ctx context.Context, lease db.Lease) error 
 	if lease.RunID == "" {
 		return nil
 	}
-	var node string
-	err := w.deps.Pool.QueryRow(ctx, `SELECT node_id FROM runs WHERE id = $1`, lease.RunID).Scan(&node)
-	if errors.Is(err, pgx.ErrNoRows) {
+	run, err := db.RunForJob(ctx, w.deps.Pool, lease.RunID)
+	if errors.Is(err, db.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("cleanup lease %s: %w", lease.ID, err)
 	}
-	if node != w.deps.NodeID && node != "" {
-		w.deps.Log.Info("lease cleanup: the run executed on another node", "lease_id", lease.ID, "run_id", lease.RunID, "node", node)
+	if run.NodeID != w.deps.NodeID && run.NodeID != "" {
+		w.deps.Log.Info("lease cleanup: the run executed on another node", "lease_id", lease.ID, "run_id", lease.RunID, "node", run.NodeID)
 		return nil
 	}
 	n, err := environment.KillTagged(ctx, lease.RunID, killGrace)
@@ -176,17 +175,4 @@ func (w *CleanupLeaseWorker) cleanup(ctx context.Context, lease db.Lease) error 
 		w.deps.Log.Warn("lease cleanup stopped processes", "lease_id", lease.ID, "run_id", lease.RunID, "processes", n)
 	}
 	return nil
-}
-
-// leaseForCleanup reads a lease by id alone (jobs carry no company).
-func leaseForCleanup(ctx context.Context, q db.Querier, id string) (db.Lease, error) {
-	var company string
-	err := q.QueryRow(ctx, `SELECT company_id::text FROM environment_leases WHERE id = $1`, id).Scan(&company)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return db.Lease{}, db.ErrNotFound
-	}
-	if err != nil {
-		return db.Lease{}, fmt.Errorf("lease %s: %w", id, err)
-	}
-	return db.LeaseByID(ctx, q, company, id)
 }

@@ -157,8 +157,7 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 				return fmt.Errorf("workspace %s is %s", existing.Ref, existing.Status)
 			}
 			ws = existing
-			_, err = tx.Exec(ctx, `UPDATE workspace_operations SET execution_workspace_id = $1 WHERE run_id = $2`, ws.ID, run.ID)
-			return err
+			return db.AttachRunOperations(ctx, tx, run.ID, ws.ID)
 		} else if !errors.Is(err, db.ErrNotFound) {
 			return err
 		}
@@ -174,8 +173,7 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE workspace_operations SET execution_workspace_id = $1 WHERE run_id = $2`, ws.ID, run.ID)
-		return err
+		return db.AttachRunOperations(ctx, tx, run.ID, ws.ID)
 	})
 	return ws, err
 }

@@ -2,13 +2,9 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,8 +40,8 @@ import (
 // early on an ended run).
 
 // Each sweep also settles ledger steps whose executor is gone (settleOperations) and reports, as
-// an audit event, what lies under this node's managed base without an owner (reportUnmanaged);
-// nothing there is ever deleted.
+// an audit event, what lies under this node's managed base without an owner (reportUnmanaged in
+// unmanaged_report.go); nothing there is ever deleted.
 
 // SweepInterval is how often the leader enqueues sweep_orphans.
 const SweepInterval = 30 * time.Second
@@ -70,11 +66,6 @@ const (
 	reapWindow = 24 * time.Hour
 	// reapBatch bounds how many ended runs a startup sweep looks for processes of.
 	reapBatch = 200
-	// unmanagedMinAge: an entry under the managed base is reported only once it is this old, so a
-	// realization in flight is not.
-	unmanagedMinAge = 10 * time.Minute
-	// reportCap bounds the names one unmanaged report lists.
-	reportCap = 100
 )
 
 // Orphan reasons, recorded in the run.orphaned audit event.
@@ -165,25 +156,6 @@ type sweeper struct {
 	ins  jobClient
 }
 
-// seenJob is a provision or execute_run job of a live run, not yet finalized.
-type seenJob struct {
-	ID     int64
-	State  string // River job state
-	Holder string // the client id of its latest attempt ("" if never attempted)
-	Old    bool   // its latest attempt (or its insert) is older than staleAfter
-}
-
-// candidate is a live run as one statement saw it.
-type candidate struct {
-	ID        string
-	Status    string
-	NodeID    string
-	Heartbeat *time.Time
-	Stale     bool // no heartbeat for staleAfter
-	Quiet     bool // no heartbeat for quietAfter
-	Jobs      []seenJob
-}
-
 // runJobKinds are the jobs that carry a run to its end.
 var runJobKinds = []string{ProvisionArgs{}.Kind(), ExecuteRunArgs{}.Kind()}
 
@@ -192,47 +164,14 @@ var unfinishedJobStates = []string{string(rivertype.JobStateAvailable), string(r
 	string(rivertype.JobStateRunning), string(rivertype.JobStateRetryable), string(rivertype.JobStateScheduled)}
 
 // loadCandidates reads every live run with its unfinished run jobs, oldest first.
-func loadCandidates(ctx context.Context, q db.Querier) ([]candidate, error) {
-	rows, err := q.Query(ctx, `SELECT r.id::text, r.status, r.node_id, r.heartbeat_at,
-			coalesce(r.heartbeat_at, r.created_at) < now() - $1::interval,
-			coalesce(r.heartbeat_at, r.created_at) < now() - $2::interval,
-			coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE j.id IS NOT NULL), '{}'),
-			coalesce(array_agg(j.state::text ORDER BY j.id) FILTER (WHERE j.id IS NOT NULL), '{}'),
-			coalesce(array_agg(coalesce(j.attempted_by[array_upper(j.attempted_by, 1)], '') ORDER BY j.id)
-				FILTER (WHERE j.id IS NOT NULL), '{}'),
-			coalesce(array_agg(coalesce(j.attempted_at, j.created_at) < now() - $1::interval ORDER BY j.id)
-				FILTER (WHERE j.id IS NOT NULL), '{}')
-		FROM runs r
-		LEFT JOIN river_job j ON j.args->>'run_id' = r.id::text AND j.kind = ANY($3)
-			AND j.state = ANY($4::river_job_state[])
-		WHERE r.status = ANY($5)
-		GROUP BY r.id
-		ORDER BY r.created_at
-		LIMIT $6`, staleAfter, quietAfter, runJobKinds, unfinishedJobStates, db.LiveRunStatuses, sweepBatch)
-	if err != nil {
-		return nil, fmt.Errorf("live runs: %w", err)
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
-		var (
-			c       candidate
-			ids     []int64
-			states  []string
-			holders []string
-			old     []bool
-		)
-		if err := row.Scan(&c.ID, &c.Status, &c.NodeID, &c.Heartbeat, &c.Stale, &c.Quiet, &ids, &states, &holders, &old); err != nil {
-			return c, err
-		}
-		for i := range states {
-			c.Jobs = append(c.Jobs, seenJob{ID: ids[i], State: states[i], Holder: holders[i], Old: old[i]})
-		}
-		return c, nil
-	})
+func loadCandidates(ctx context.Context, q db.Querier) ([]db.OrphanCandidate, error) {
+	return db.OrphanCandidates(ctx, q, db.OrphanQuery{JobKinds: runJobKinds, JobStates: unfinishedJobStates,
+		StaleAfter: staleAfter, QuietAfter: quietAfter, Limit: sweepBatch})
 }
 
 // verdict decides whether a live run is orphaned, and why. sole means this process is the only
 // live one of its node.
-func verdict(c candidate, e *Executing, sole bool) (reason string, orphaned bool) {
+func verdict(c db.OrphanCandidate, e *Executing, sole bool) (reason string, orphaned bool) {
 	if e.Has(c.ID) {
 		return "", false
 	}
@@ -262,7 +201,7 @@ func verdict(c candidate, e *Executing, sole bool) (reason string, orphaned bool
 // orphans finds and ends orphaned runs; it returns how many it ended.
 func (s *sweeper) orphans(ctx context.Context) (int, error) {
 	var (
-		cands []candidate
+		cands []db.OrphanCandidate
 		sole  bool
 	)
 	// The candidates are read while no other process of this node can start (or finish
@@ -313,7 +252,7 @@ func orphanMessage(reason, node string) string {
 // orphan kills the run's processes when they are on this host, then ends it as failed/orphaned
 // (only if it is still as the sweep saw it: same status, no heartbeat since), settles its running
 // steps, cancels the gone executor's jobs, audits, and enqueues finalize, all in one transaction.
-func (s *sweeper) orphan(ctx context.Context, c candidate, reason string) (bool, error) {
+func (s *sweeper) orphan(ctx context.Context, c db.OrphanCandidate, reason string) (bool, error) {
 	run, err := db.RunForJob(ctx, s.deps.Pool, c.ID)
 	if err != nil {
 		return false, err
@@ -330,14 +269,11 @@ func (s *sweeper) orphan(ctx context.Context, c candidate, reason string) (bool,
 	code := codeOrphaned
 	ended := false
 	err = db.InTx(ctx, s.deps.Pool, func(tx pgx.Tx) error {
-		var (
-			status string
-			beat   *time.Time
-		)
-		if err := tx.QueryRow(ctx, `SELECT status, heartbeat_at FROM runs WHERE id = $1 FOR UPDATE`, run.ID).Scan(&status, &beat); err != nil {
+		now, err := db.LockRun(ctx, tx, run.ID)
+		if err != nil {
 			return err
 		}
-		if status != c.Status || !sameTime(beat, c.Heartbeat) {
+		if now.Status != c.Status || !sameTime(now.HeartbeatAt, c.Heartbeat) {
 			return nil // it moved on, or an executor showed signs of life: not an orphan
 		}
 		r, err := db.TransitionRun(ctx, tx, run.ID, []string{c.Status}, db.RunFailed,
@@ -345,10 +281,8 @@ func (s *sweeper) orphan(ctx context.Context, c candidate, reason string) (bool,
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE workspace_operations SET status = 'failed', finished_at = now(),
-				error = 'the run''s executor stopped before this step ended'
-			WHERE run_id = $1 AND status = 'running'`, run.ID); err != nil {
-			return fmt.Errorf("settle the run's steps: %w", err)
+		if err := db.FailRunOperations(ctx, tx, run.ID); err != nil {
+			return err
 		}
 		for _, j := range c.Jobs { // all running, under a client that is gone (see verdict)
 			if _, err := s.ins.JobCancelTx(ctx, tx, j.ID); err != nil && !errors.Is(err, river.ErrNotFound) {
@@ -397,13 +331,7 @@ func (s *sweeper) reapEnded(ctx context.Context) (int, error) {
 	if s.deps.NodeID == "" {
 		return 0, nil
 	}
-	rows, err := s.deps.Pool.Query(ctx, `SELECT id::text FROM runs
-		WHERE node_id = $1 AND status <> ALL($2) AND error_code = $3 AND finished_at > now() - $4::interval
-		ORDER BY finished_at DESC LIMIT $5`, s.deps.NodeID, db.LiveRunStatuses, codeOrphaned, reapWindow, reapBatch)
-	if err != nil {
-		return 0, fmt.Errorf("orphaned runs: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err := db.NodeRunsEndedWith(ctx, s.deps.Pool, s.deps.NodeID, codeOrphaned, reapWindow, reapBatch)
 	if err != nil {
 		return 0, fmt.Errorf("orphaned runs: %w", err)
 	}
@@ -434,128 +362,6 @@ func (s *sweeper) settleOperations(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	tag, err := s.deps.Pool.Exec(ctx, `UPDATE workspace_operations o SET status = 'failed', finished_at = now(),
-			error = 'the executor stopped before this step ended'
-		WHERE o.status = 'running' AND o.phase = ANY($3) AND o.started_at < now() - $1::interval
-			AND EXISTS (SELECT 1 FROM runs r WHERE r.id = o.run_id AND r.status <> ALL($2))`,
-		deadRunOperationAge, db.LiveRunStatuses, preparationPhases)
-	if err != nil {
-		return n, fmt.Errorf("settle steps of ended runs: %w", err)
-	}
-	return n + tag.RowsAffected(), nil
-}
-
-// unmanagedReport is the details of a workspace.unmanaged_reported audit event: names only
-// (opaque refs and entry names under the managed base), never host paths.
-type unmanagedReport struct {
-	Node            string   `json:"node"`
-	Unmanaged       []string `json:"unmanaged"`
-	UnmanagedCount  int      `json:"unmanaged_count"`
-	Unrecorded      []string `json:"unrecorded"`
-	UnrecordedCount int      `json:"unrecorded_count"`
-}
-
-// same reports whether two reports list the same entries.
-func (r unmanagedReport) same(o unmanagedReport) bool {
-	return slices.Equal(r.Unmanaged, o.Unmanaged) && slices.Equal(r.Unrecorded, o.Unrecorded) &&
-		r.UnmanagedCount == o.UnmanagedCount && r.UnrecordedCount == o.UnrecordedCount
-}
-
-// reportUnmanaged records, as an instance-level workspace.unmanaged_reported audit event, what
-// lies under this node's managed base without an owner: entries no manager record owns, and
-// workspaces the manager records that have no execution_workspaces row. Nothing is deleted. An
-// event is written only when the set differs from the last one this node reported (an empty
-// set after a non-empty one included). Skipped while a realization on this node is between
-// creating its directory and recording its row.
-func (s *sweeper) reportUnmanaged(ctx context.Context) error {
-	m, e := s.deps.Workspaces, s.deps.Executing
-	if m == nil || e == nil || s.deps.NodeID == "" {
-		return nil
-	}
-	e.reportMu.Lock()
-	defer e.reportMu.Unlock()
-	var inflight bool
-	if err := s.deps.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM runs WHERE node_id = $1 AND status = $2
-		AND execution_workspace_id IS NULL)`, s.deps.NodeID, db.RunPreparing).Scan(&inflight); err != nil {
-		return fmt.Errorf("unmanaged report: %w", err)
-	}
-	if inflight {
-		return nil
-	}
-	names, err := m.Unmanaged(ctx)
-	if err != nil {
-		return fmt.Errorf("unmanaged report: %w", err)
-	}
-	listing, err := m.List(ctx)
-	if err != nil {
-		return fmt.Errorf("unmanaged report: %w", err)
-	}
-	rep := unmanagedReport{Node: s.deps.NodeID, Unmanaged: []string{}, Unrecorded: []string{}}
-	for _, n := range names {
-		if fi, err := os.Lstat(filepath.Join(m.Base(), n)); err == nil && time.Since(fi.ModTime()) >= unmanagedMinAge {
-			rep.Unmanaged = append(rep.Unmanaged, n)
-		}
-	}
-	refs := make([]string, 0, len(listing))
-	for _, l := range listing {
-		refs = append(refs, l.Ref)
-	}
-	rows, err := s.deps.Pool.Query(ctx, `SELECT u.ref FROM unnest($1::text[]) AS u(ref)
-		WHERE NOT EXISTS (SELECT 1 FROM execution_workspaces w WHERE w.ref = u.ref) ORDER BY u.ref`, refs)
-	if err != nil {
-		return fmt.Errorf("unmanaged report: %w", err)
-	}
-	if rep.Unrecorded, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-		return fmt.Errorf("unmanaged report: %w", err)
-	}
-	slices.Sort(rep.Unmanaged)
-	rep.UnmanagedCount, rep.UnrecordedCount = len(rep.Unmanaged), len(rep.Unrecorded)
-	rep.Unmanaged = rep.Unmanaged[:min(len(rep.Unmanaged), reportCap)]
-	if rep.Unrecorded == nil {
-		rep.Unrecorded = []string{}
-	}
-	rep.Unrecorded = rep.Unrecorded[:min(len(rep.Unrecorded), reportCap)]
-
-	last, known := e.lastReport()
-	if !known {
-		if last, err = lastUnmanagedReport(ctx, s.deps.Pool, s.deps.NodeID); err != nil {
-			return err
-		}
-	}
-	if rep.same(last) {
-		e.setLastReport(rep)
-		return nil
-	}
-	var details map[string]any
-	b, _ := json.Marshal(rep)
-	_ = json.Unmarshal(b, &details)
-	if err := db.InsertAudit(ctx, s.deps.Pool, db.AuditEvent{ActorType: db.ActorSystem, ActorLabel: "orphan sweep",
-		Action: "workspace.unmanaged_reported", TargetType: "node", TargetID: s.deps.NodeID, Details: details}); err != nil {
-		return fmt.Errorf("unmanaged report: %w", err)
-	}
-	e.setLastReport(rep)
-	s.log.Warn("entries under the managed workspace base have no owner (reported, not deleted)",
-		"unmanaged", rep.UnmanagedCount, "unrecorded", rep.UnrecordedCount)
-	return nil
-}
-
-// lastUnmanagedReport reads the latest report this node wrote in the last 30 days (an empty one if
-// none; an older one is repeated once as a reminder).
-func lastUnmanagedReport(ctx context.Context, q db.Querier, node string) (unmanagedReport, error) {
-	rep := unmanagedReport{Node: node, Unmanaged: []string{}, Unrecorded: []string{}}
-	var b []byte
-	err := q.QueryRow(ctx, `SELECT details FROM audit_events
-		WHERE action = 'workspace.unmanaged_reported' AND target_type = 'node' AND target_id = $1
-			AND at > now() - interval '30 days'
-		ORDER BY at DESC, id DESC LIMIT 1`, node).Scan(&b)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return rep, nil
-	}
-	if err != nil {
-		return rep, fmt.Errorf("last unmanaged report: %w", err)
-	}
-	if err := json.Unmarshal(b, &rep); err != nil {
-		return rep, fmt.Errorf("last unmanaged report: %w", err)
-	}
-	return rep, nil
+	m, err := db.SettleEndedRunOperations(ctx, s.deps.Pool, preparationPhases, deadRunOperationAge)
+	return n + m, err
 }

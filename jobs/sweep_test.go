@@ -32,26 +32,28 @@ func TestVerdict(t *testing.T) {
 	e := NewExecuting("n1")
 	e.add("executing-here")
 	self := e.ClientID()
-	running := func(holder string, old bool) seenJob { return seenJob{State: "running", Holder: holder, Old: old} }
+	running := func(holder string, old bool) db.CandidateJob {
+		return db.CandidateJob{State: "running", Holder: holder, Old: old}
+	}
 	cases := []struct {
 		name   string
-		c      candidate
+		c      db.OrphanCandidate
 		sole   bool
 		reason string
 		orphan bool
 	}{
-		{"executing in this process", candidate{ID: "executing-here", Stale: true, Jobs: []seenJob{running("n1@dead", true)}}, true, "", false},
-		{"job waiting for a worker", candidate{ID: "r", Stale: true, Quiet: true, Jobs: []seenJob{{State: "available"}}}, true, "", false},
-		{"job snoozed", candidate{ID: "r", Stale: true, Jobs: []seenJob{running("n1@dead", true), {State: "scheduled"}}}, true, "", false},
-		{"job just fetched here", candidate{ID: "r", Jobs: []seenJob{running(self, false)}}, true, "", false},
-		{"dead process of this node, sole", candidate{ID: "r", Jobs: []seenJob{running("n1@dead", false)}}, true, reasonNodeRestarted, true},
-		{"dead process of this node, not sole", candidate{ID: "r", Jobs: []seenJob{running("n1@dead", false)}}, false, "", false},
-		{"another node's live executor", candidate{ID: "r", Jobs: []seenJob{running("n2@x", false)}}, true, "", false},
-		{"another node, stale run, fresh attempt", candidate{ID: "r", Stale: true, Jobs: []seenJob{running("n2@x", false)}}, true, "", false},
-		{"another node, stale", candidate{ID: "r", Stale: true, Jobs: []seenJob{running("n2@x", true)}}, true, reasonStale, true},
-		{"node prefix is not enough", candidate{ID: "r", Jobs: []seenJob{running("n10@x", false)}}, true, "", false},
-		{"no job, quiet", candidate{ID: "r", Quiet: true}, false, reasonNoJob, true},
-		{"no job, heartbeat recent", candidate{ID: "r"}, true, reasonNoJob, false},
+		{"executing in this process", db.OrphanCandidate{ID: "executing-here", Stale: true, Jobs: []db.CandidateJob{running("n1@dead", true)}}, true, "", false},
+		{"job waiting for a worker", db.OrphanCandidate{ID: "r", Stale: true, Quiet: true, Jobs: []db.CandidateJob{{State: "available"}}}, true, "", false},
+		{"job snoozed", db.OrphanCandidate{ID: "r", Stale: true, Jobs: []db.CandidateJob{running("n1@dead", true), {State: "scheduled"}}}, true, "", false},
+		{"job just fetched here", db.OrphanCandidate{ID: "r", Jobs: []db.CandidateJob{running(self, false)}}, true, "", false},
+		{"dead process of this node, sole", db.OrphanCandidate{ID: "r", Jobs: []db.CandidateJob{running("n1@dead", false)}}, true, reasonNodeRestarted, true},
+		{"dead process of this node, not sole", db.OrphanCandidate{ID: "r", Jobs: []db.CandidateJob{running("n1@dead", false)}}, false, "", false},
+		{"another node's live executor", db.OrphanCandidate{ID: "r", Jobs: []db.CandidateJob{running("n2@x", false)}}, true, "", false},
+		{"another node, stale run, fresh attempt", db.OrphanCandidate{ID: "r", Stale: true, Jobs: []db.CandidateJob{running("n2@x", false)}}, true, "", false},
+		{"another node, stale", db.OrphanCandidate{ID: "r", Stale: true, Jobs: []db.CandidateJob{running("n2@x", true)}}, true, reasonStale, true},
+		{"node prefix is not enough", db.OrphanCandidate{ID: "r", Jobs: []db.CandidateJob{running("n10@x", false)}}, true, "", false},
+		{"no job, quiet", db.OrphanCandidate{ID: "r", Quiet: true}, false, reasonNoJob, true},
+		{"no job, heartbeat recent", db.OrphanCandidate{ID: "r"}, true, reasonNoJob, false},
 	}
 	for _, tc := range cases {
 		reason, orphan := verdict(tc.c, e, tc.sole)
@@ -60,7 +62,7 @@ func TestVerdict(t *testing.T) {
 		}
 	}
 	// Without a registry (a client built without one) nothing is taken for this node's.
-	if _, orphan := verdict(candidate{ID: "r", Jobs: []seenJob{running("n1@dead", false)}}, nil, true); orphan {
+	if _, orphan := verdict(db.OrphanCandidate{ID: "r", Jobs: []db.CandidateJob{running("n1@dead", false)}}, nil, true); orphan {
 		t.Error("a nil registry claimed a node")
 	}
 }
