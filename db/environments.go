@@ -197,16 +197,3 @@ func UpdateEnvironment(ctx context.Context, q Querier, companyID, id string, c E
 	}
 	return e, nil
 }
-
-// LiveEnvironmentLeases counts the environment's leases that still hold it (acquiring, active or
-// releasing): while there are any it may not be archived.
-func LiveEnvironmentLeases(ctx context.Context, q Querier, companyID, id string) (int, error) {
-	var n int
-	err := q.QueryRow(ctx, `SELECT count(*) FROM environment_leases
-		WHERE company_id = $1 AND environment_id = $2 AND status IN ('acquiring', 'active', 'releasing')`,
-		companyID, id).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("live environment leases: %w", err)
-	}
-	return n, nil
-}
