@@ -20,6 +20,12 @@ func Drivers() []string { return []string{DriverLocal, DriverSSH, DriverSandbox}
 // ValidDriver reports whether driver is one Berth knows.
 func ValidDriver(driver string) bool { return slices.Contains(Drivers(), driver) }
 
+// The containment modes of a local environment.
+const (
+	ContainmentJail = "jail"
+	ContainmentNone = "none"
+)
+
 // Limits of a configuration, so one environment cannot hold unbounded data.
 const (
 	MaxEnvVars       = 100
@@ -40,7 +46,13 @@ const (
 // exactly what the config column stores. SSH and Sandbox hold the settings of their driver and are
 // zero for the others. Env is sorted by name; a secret entry's value lives in Secrets.
 type Config struct {
-	Driver  string
+	Driver string
+	// Containment is "jail" (every command in the local jail profile) or "none" (an instance
+	// admin's explicit choice on a single-user machine); local environments only.
+	Containment string
+	// Masks are host paths hidden from a local environment's runs (besides Berth's data dir and
+	// the server user's home, which are always hidden).
+	Masks   []string
 	SSH     SSHConfig
 	Sandbox SandboxConfig
 	Env     []EnvVar
@@ -103,6 +115,8 @@ func allowedKeys(driver string) []string {
 	switch driver {
 	case DriverSSH:
 		return []string{"host", "port", "user", "private_key", "host_key", "env"}
+	case DriverLocal:
+		return []string{"containment", "mask", "env"}
 	case DriverSandbox:
 		return []string{"network", "setup_network", "memory_mb", "cpus", "pids_max", "timeout_s", "env"}
 	default:

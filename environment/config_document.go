@@ -26,7 +26,9 @@ type redactedEnv struct {
 }
 
 type localDoc struct {
-	Env []envDoc `json:"env"`
+	Containment string   `json:"containment,omitempty"`
+	Mask        []string `json:"mask,omitempty"`
+	Env         []envDoc `json:"env"`
 }
 
 type sshDoc struct {
@@ -61,7 +63,11 @@ func (c Config) doc() any {
 		return sandboxDoc{Network: s.Network, SetupNetwork: s.SetupNetwork, MemoryMB: s.MemoryMB, CPUs: s.CPUs,
 			PidsMax: s.PidsMax, TimeoutS: s.TimeoutS, Env: env}
 	default:
-		return localDoc{Env: env}
+		d := localDoc{Mask: c.Masks, Env: env}
+		if c.Containment == ContainmentNone {
+			d.Containment = ContainmentNone // "jail" is the default and not stored
+		}
+		return d
 	}
 }
 
@@ -104,7 +110,10 @@ func Load(driver string, doc []byte) (Config, error) {
 	case DriverLocal:
 		var d localDoc
 		err = strictUnmarshal(doc, &d)
-		env = d.Env
+		env, c.Masks, c.Containment = d.Env, d.Mask, ContainmentJail
+		if d.Containment == ContainmentNone {
+			c.Containment = ContainmentNone
+		}
 	case DriverSSH:
 		var d sshDoc
 		err = strictUnmarshal(doc, &d)

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math"
 	"net"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -44,6 +45,8 @@ func Parse(driver string, raw []byte, stored *Secrets) (Config, Secrets, FieldEr
 	c := Config{Driver: driver}
 	sec := Secrets{Salt: stored.Salt}
 	switch driver {
+	case DriverLocal:
+		c.Containment, c.Masks = p.containment()
 	case DriverSSH:
 		c.SSH, sec.PrivateKey = p.ssh(stored)
 	case DriverSandbox:
@@ -54,6 +57,41 @@ func Parse(driver string, raw []byte, stored *Secrets) (Config, Secrets, FieldEr
 		return Config{}, Secrets{}, errs
 	}
 	return c, sec, nil
+}
+
+// MaxMasks caps a local environment's mask list.
+const MaxMasks = 32
+
+// containment reads a local environment's "containment" ("jail", the default, or "none") and
+// "mask" (absolute host paths no run may see, besides Berth's own data dir and home).
+func (p *parser) containment() (string, []string) {
+	mode := ContainmentJail
+	if raw, ok := p.member("containment"); ok {
+		var s string
+		if json.Unmarshal(raw, &s) != nil || (s != ContainmentJail && s != ContainmentNone) {
+			p.fail("containment", `must be "jail" (the default) or "none"`)
+		} else {
+			mode = s
+		}
+	}
+	var masks []string
+	if raw, ok := p.member("mask"); ok {
+		if json.Unmarshal(raw, &masks) != nil {
+			p.fail("mask", "must be a list of absolute paths")
+			return mode, nil
+		}
+		if len(masks) > MaxMasks {
+			p.fail("mask", fmt.Sprintf("at most %d paths", MaxMasks))
+		}
+		for i, m := range masks {
+			if m == "" || m[0] != '/' || filepath.Clean(m) != m || m == "/" || strings.ContainsRune(m, 0) || len(m) > 4096 {
+				p.fail(fmt.Sprintf("mask[%d]", i), "must be an absolute, clean path below /")
+			}
+		}
+		slices.Sort(masks)
+		masks = slices.Compact(masks)
+	}
+	return mode, masks
 }
 
 // decodeObject reads raw as a JSON object of raw members; absent or null is the empty object.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"berth/environment/jail"
 )
 
 // Sentinel errors of the drivers: every refusal wraps exactly one of these, so jobs can map them to
@@ -97,6 +99,10 @@ type ExecRequest struct {
 	// must be unique to this Exec call while it runs: when Exec returns, no process carrying it is
 	// left.
 	Tag string
+	// Home is HOME for a jailed command: a private directory per workspace, outside its tree.
+	Home string
+	// Git is what a jailed command in a git worktree may write (package workspace, RunGit).
+	Git jail.GitAccess
 	// OnStart, if set, is called once with the leader's pid as soon as the command has started (for
 	// example to record it in the run row). It must return quickly.
 	OnStart func(pid int)
@@ -159,6 +165,18 @@ type Options struct {
 	// NodeID names this Berth node in local instance refs (default the host name): a local
 	// workspace lives on one node's disk.
 	NodeID string
+	// Jail is this host's bubblewrap and run identity (jail.Detect). A contained driver without
+	// one (bwrap missing) refuses to run commands with ErrDriverUnavailable naming the package.
+	Jail *jail.Host
+	// Masks are host paths no jailed command may see: Berth's data dir and the server user's home
+	// (the environment's own "mask" setting is added to them).
+	Masks []string
+	// DataDir is Berth's data dir: the jail makes the directories in it that lead to a workspace
+	// traversable for the run user, and never touches modes anywhere else.
+	DataDir string
+	// ImageDir is the host directory of a sandbox environment's active image layer, mounted at
+	// /opt/image.
+	ImageDir string
 }
 
 // New returns the driver for an environment's configuration. Only the local driver exists so far;

@@ -1,6 +1,7 @@
 package environment
 
 import (
+	"berth/environment/jail"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -35,6 +36,10 @@ const (
 // nothing to do because package workspace already put the workspace on this host's disk.
 type local struct {
 	env       map[string]string // the environment's configured variables, secret values resolved
+	jail      *jail.Host        // nil: bubblewrap missing (contained runs are refused)
+	contained bool              // false only for "containment": "none", an instance admin's choice
+	masks     []string
+	dataDir   string
 	grace     time.Duration
 	home      string // "" = the command's Dir
 	path      string
@@ -60,7 +65,8 @@ func newLocal(cfg Config, opts Options) (*local, error) {
 		env[v.Name] = value
 	}
 	d := &local{env: env, grace: opts.Grace, home: opts.Home, path: opts.Path, probeDir: opts.ProbeDir,
-		drainWait: drainWait}
+		drainWait: drainWait, jail: opts.Jail, contained: cfg.Containment != ContainmentNone,
+		masks: append(slices.Clone(opts.Masks), cfg.Masks...), dataDir: opts.DataDir}
 	if d.grace <= 0 {
 		d.grace = DefaultGrace
 	}
@@ -177,23 +183,54 @@ func (d *local) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("exec: %w", err)
 	}
+	cmd, done, err := d.command(req, env)
+	if err != nil {
+		return res, fmt.Errorf("exec: %w", err)
+	}
+	defer done()
+	return runCommand(ctx, cmd, req, d.grace, d.drainWait)
+}
+
+// command is the process of one Exec: the jail of the local profile (docs/security.md), or for an
+// uncontained environment /bin/sh itself. done undoes what starting needed (the workspace is
+// handed back to Berth's uid).
+func (d *local) command(req ExecRequest, env []string) (*exec.Cmd, func(), error) {
+	if !d.contained {
+		cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", req.Command}, Dir: req.Dir, Env: env,
+			// Setsid gives a new session and process group (pgid = pid). Pdeathsig only takes the
+			// leader down with Berth; the rest is for the orphan sweep, by tag. (Linux sends it
+			// when the forking thread ends, so Berth must not end threads: no LockOSThread
+			// without Unlock.)
+			SysProcAttr: &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}}
+		return cmd, func() {}, nil
+	}
+	if d.jail == nil {
+		return nil, nil, fmt.Errorf("%s: %w", jail.Fix, ErrDriverUnavailable)
+	}
+	vars := envMap(env)
+	maps.Copy(vars, req.Git.Env)
+	home := req.Home
+	if home == "" {
+		home = d.home
+	}
+	spec := jail.Spec{Profile: jail.Local, Bwrap: d.jail.Bwrap, Workspace: req.Dir, Home: home, Masks: d.masks,
+		ReadOnly: req.Git.ReadOnly, ReadWrite: req.Git.ReadWrite, Env: vars, Command: req.Command}
+	if home == "" {
+		delete(spec.Env, "HOME") // the jail's private /tmp
+	}
+	return startJail(*d.jail, spec, d.dataDir, req.Git.Store)
+}
+
+// runCommand starts cmd with its output on one pipe to req.Log and waits for its end, a timeout or
+// ctx, then stops what is left of its group and its tag (see Exec).
+func runCommand(ctx context.Context, cmd *exec.Cmd, req ExecRequest, grace, drainWait time.Duration) (ExecResult, error) {
+	res := ExecResult{ExitCode: -1}
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return res, fmt.Errorf("exec: %w", err)
 	}
 	defer pr.Close()
-	cmd := &exec.Cmd{
-		Path:   "/bin/sh",
-		Args:   []string{"sh", "-c", req.Command},
-		Dir:    req.Dir,
-		Env:    env,
-		Stdout: pw, // an *os.File: the child gets the fd itself, Wait copies nothing
-		Stderr: pw,
-		// Setsid gives a new session and process group (pgid = pid). Pdeathsig only takes the
-		// leader down with Berth; the rest is for the orphan sweep, by tag. (Linux sends it when
-		// the forking thread ends, so Berth must not end threads: no LockOSThread without Unlock.)
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL},
-	}
+	cmd.Stdout, cmd.Stderr = pw, pw // an *os.File: the child gets the fd itself, Wait copies nothing
 	started := time.Now()
 	err = cmd.Start()
 	pw.Close()
@@ -234,7 +271,7 @@ func (d *local) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	}
 
 	// Background processes do not outlive their command, whatever the way it ended.
-	_, stopErr := stopProcesses(context.WithoutCancel(ctx), res.PID, req.Tag, d.grace)
+	_, stopErr := stopProcesses(context.WithoutCancel(ctx), res.PID, req.Tag, grace)
 	if !exited {
 		wait := killWait
 		if stopErr != nil {
@@ -249,7 +286,7 @@ func (d *local) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	var logErr error
 	select {
 	case logErr = <-copied:
-	case <-time.After(d.drainWait):
+	case <-time.After(drainWait):
 		pr.Close() // unblocks drain's Read
 		logErr = <-copied
 	}
@@ -383,8 +420,17 @@ func (d *local) probeShell(ctx context.Context) Check {
 		c.Detail = "/bin/sh is missing or not executable"
 		return c
 	}
+	dir, err := os.MkdirTemp(d.probeDir, ".berth-probe-")
+	if err == nil {
+		defer os.RemoveAll(dir)
+		err = os.Chmod(dir, 0o755) // the run user must be able to enter it
+	}
+	if err != nil {
+		c.Detail = "cannot make a probe directory: " + errnoText(err)
+		return c
+	}
 	var out bytes.Buffer
-	res, err := d.Exec(ctx, ExecRequest{Command: "echo berth-probe", Dir: "/", Timeout: probeTimeout, Log: &out,
+	res, err := d.Exec(ctx, ExecRequest{Command: "echo berth-probe", Dir: dir, Timeout: probeTimeout, Log: &out,
 		Tag: "probe-" + randomHex(8)})
 	switch {
 	case err != nil:

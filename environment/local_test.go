@@ -28,12 +28,14 @@ func newTag(t *testing.T) string {
 	return tag
 }
 
-// newTestLocal is a local driver. Tests keep the default grace unless they need SIGKILL: processes
+// newTestLocal is an uncontained local driver ("containment": "none"): these tests check the
+// process mechanics by host pid, which a jail's pid namespace hides; local_jail_test.go checks
+// the jail. Tests keep the default grace unless they need SIGKILL: processes
 // that honour SIGTERM end Exec as soon as they are gone, and a loaded machine must not turn a
 // SIGTERM death into a SIGKILL one.
 func newTestLocal(t *testing.T, opts Options) *local {
 	t.Helper()
-	d, err := newLocal(Config{Driver: DriverLocal}, opts)
+	d, err := newLocal(Config{Driver: DriverLocal, Containment: ContainmentNone}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func TestExecExitStatus(t *testing.T) {
 		t.Run(c.command, func(t *testing.T) {
 			t.Parallel()
 			var started int
-			res, err := execWithin(t, t.Context(), d, ExecRequest{Command: c.command, Dir: t.TempDir(), Tag: newTag(t),
+			res, err := execWithin(t, t.Context(), d, ExecRequest{Command: c.command, Dir: workDir(t), Tag: newTag(t),
 				OnStart: func(pid int) { started = pid }})
 			if err != nil {
 				t.Fatal(err)
@@ -222,7 +224,7 @@ func TestExecInterleavesStdoutAndStderrInOneLog(t *testing.T) {
 	d := newTestLocal(t, Options{})
 	var log bytes.Buffer
 	_, err := execWithin(t, t.Context(), d, ExecRequest{Command: "echo one; echo two >&2; echo three; echo four >&2",
-		Dir: t.TempDir(), Tag: newTag(t), Log: &log})
+		Dir: workDir(t), Tag: newTag(t), Log: &log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +236,7 @@ func TestExecInterleavesStdoutAndStderrInOneLog(t *testing.T) {
 func TestExecWorkingDirectoryAndEmptyStdin(t *testing.T) {
 	t.Parallel()
 	d := newTestLocal(t, Options{})
-	dir := t.TempDir()
+	dir := workDir(t)
 	var log bytes.Buffer
 	_, err := execWithin(t, t.Context(), d, ExecRequest{Command: "pwd -P; wc -c; readlink /proc/self/fd/0",
 		Dir: dir, Tag: newTag(t), Log: &log})
@@ -259,10 +261,10 @@ func TestExecEnvironmentIsExactlyTheAllowedSet(t *testing.T) {
 	t.Setenv("HOME", "/root/berth-home-leak")
 	t.Setenv("LEAK_CANARY", "1")
 
-	cfg := Config{Driver: DriverLocal, Env: []EnvVar{{Name: "PUBLIC_VAR", Value: "public"}, {Name: "SECRET_VAR", Secret: true}}}
+	cfg := Config{Driver: DriverLocal, Containment: ContainmentNone, Env: []EnvVar{{Name: "PUBLIC_VAR", Value: "public"}, {Name: "SECRET_VAR", Secret: true}}}
 	runEnv := map[string]string{"BERTH_RUN_TOKEN": "tok", "BERTH_API_URL": "http://127.0.0.1:8080",
 		"BERTH_TASK_ID": "task-1", "BERTH_WORKSPACE_ID": "ws-1"}
-	privateHome := t.TempDir()
+	privateHome := workDir(t)
 	cases := []struct {
 		name     string
 		home     string            // Options.Home
@@ -280,7 +282,7 @@ func TestExecEnvironmentIsExactlyTheAllowedSet(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dir, tag := t.TempDir(), newTag(t)
+			dir, tag := workDir(t), newTag(t)
 			env := maps.Clone(runEnv)
 			maps.Copy(env, c.env)
 			var log bytes.Buffer
@@ -328,7 +330,7 @@ func parseEnvLines(s string) map[string]string {
 func TestExecTimeoutKillsTheWholeGroup(t *testing.T) {
 	t.Parallel()
 	d := newTestLocal(t, Options{})
-	dir := t.TempDir()
+	dir := workDir(t)
 	res, err := execWithin(t, t.Context(), d, ExecRequest{
 		Command: `sh -c 'sleep 300 & echo $! > grandchild.pid; sleep 300' & echo $! > child.pid; wait`,
 		Dir:     dir, Tag: newTag(t), Timeout: 2 * time.Second})
@@ -344,7 +346,7 @@ func TestExecTimeoutKillsTheWholeGroup(t *testing.T) {
 func TestExecCancelKillsTheWholeGroup(t *testing.T) {
 	t.Parallel()
 	d := newTestLocal(t, Options{})
-	dir := t.TempDir()
+	dir := workDir(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	pids := cancelWhenWritten(t, cancel, filepath.Join(dir, "child.pid"), filepath.Join(dir, "grandchild.pid"))
@@ -363,7 +365,7 @@ func TestExecCancelKillsTheWholeGroup(t *testing.T) {
 func TestExecSIGKILLsWhatIgnoresSIGTERM(t *testing.T) {
 	t.Parallel()
 	d := newTestLocal(t, Options{Grace: 300 * time.Millisecond})
-	dir := t.TempDir()
+	dir := workDir(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	pids := cancelWhenWritten(t, cancel, filepath.Join(dir, "sleeper.pid"))
@@ -399,7 +401,7 @@ func TestExecDoesNotHangOnOutputHolders(t *testing.T) {
 			t.Parallel()
 			d := newTestLocal(t, Options{})
 			d.drainWait = 300 * time.Millisecond
-			dir := t.TempDir()
+			dir := workDir(t)
 			var log bytes.Buffer
 			res, err := execWithin(t, t.Context(), d, ExecRequest{Command: c.command, Dir: dir, Tag: newTag(t), Log: &log})
 			if err != nil {
@@ -426,7 +428,7 @@ func TestExecIntoLogBuffer(t *testing.T) {
 	d := newTestLocal(t, Options{})
 	log := NewLogBuffer(LogOptions{Limit: 4096})
 	res, err := execWithin(t, t.Context(), d, ExecRequest{Command: "head -c 100000 /dev/zero; echo tail >&2",
-		Dir: t.TempDir(), Tag: newTag(t), Log: log})
+		Dir: workDir(t), Tag: newTag(t), Log: log})
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("result %+v, err %v", res, err)
 	}
@@ -438,7 +440,7 @@ func TestExecIntoLogBuffer(t *testing.T) {
 func TestExecRefusesBadRequests(t *testing.T) {
 	t.Parallel()
 	d := newTestLocal(t, Options{})
-	dir := t.TempDir()
+	dir := workDir(t)
 	file := filepath.Join(dir, "file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -491,7 +493,7 @@ func TestExecRefusesBadRequests(t *testing.T) {
 
 func TestProbe(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
+	dir := workDir(t)
 	res, err := newTestLocal(t, Options{ProbeDir: dir}).Probe(t.Context())
 	if err != nil {
 		t.Fatal(err)

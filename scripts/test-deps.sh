@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Berth's tests need on a fresh Debian/Ubuntu machine, and nothing that is already
 # there: PostgreSQL server binaries (the tests start their own private cluster), Node/npm for the
-# front-end packages, git, and Chromium for the browser tests. Needs root (or sudo) only when
+# front-end packages, git, Chromium for the browser tests, bubblewrap for the jail and
+# openssh-server for the ssh driver's tests. Needs root (or sudo) only when
 # something is missing.
 set -euo pipefail
 
@@ -14,6 +15,9 @@ have_pg || need+=(postgresql)
 command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
 command -v git >/dev/null 2>&1 || need+=(git)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# Every command Berth runs goes through a bubblewrap jail; the ssh driver's tests start sshd.
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
