@@ -1,8 +1,11 @@
 package handlers
 
 import (
+	"berth/environment/jail"
+	"berth/environment/jail/jailtest"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"net/url"
@@ -332,6 +335,15 @@ func TestWorkspaceCloseShared(t *testing.T) {
 		jsonb_set(execution_policy, '{default_mode}', '"shared"') WHERE id = $1`, re.project); err != nil {
 		t.Fatal(err)
 	}
+	// A shared run works in the user's own directory as the run user; Berth never changes its
+	// ownership, so a root Berth's administrator gives it to berth-run (docs/security.md).
+	if host, err := jail.Detect(context.Background()); err != nil {
+		t.Fatal(err)
+	} else if host.Identity != nil {
+		if out, err := exec.Command("chown", "-R", fmt.Sprintf("%d:%d", host.Identity.UID, host.Identity.GID), re.repo).CombinedOutput(); err != nil {
+			t.Fatalf("chown: %v %s", err, out)
+		}
+	}
 	task := re.task("echo shared > shared.txt")
 	_, wsID := re.finishedRun(task.ID)
 	ws := re.workspace(wsID)
@@ -478,7 +490,7 @@ func TestWorkspaceCloseLiveRunAndRoles(t *testing.T) {
 func TestWorkspaceCleanupFailure(t *testing.T) {
 	t.Parallel()
 	re := setupRuns(t)
-	marker := filepath.Join(t.TempDir(), "cleanup-ok")
+	marker := filepath.Join(jailtest.Dir(t), "cleanup-ok") // outside /tmp: the jail must see it
 	cleanup := "test -e " + marker + " && echo '<b>cleaned</b>'"
 	re.workspaceWith("")
 	if _, err := re.pool.Exec(context.Background(), `UPDATE project_workspaces SET cleanup_command = $1 WHERE project_id = $2`,

@@ -45,7 +45,7 @@ func setup(t testing.TB, opts ...func(*Deps)) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := Deps{Pool: pool, Assets: assets, Secrets: sealer, SourceRoots: []string{os.TempDir()}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), BaseURL: base, Version: "test"}
+	d := Deps{Pool: pool, Assets: assets, Secrets: sealer, SourceRoots: []string{os.TempDir(), "/var/tmp"}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), BaseURL: base, Version: "test"}
 	for _, o := range opts {
 		o(&d)
 	}

@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -334,23 +333,25 @@ func TestRunTokenEndToEnd(t *testing.T) {
 	t.Parallel()
 	re := setupRuns(t)
 	re.workspaceWith("")
-	signal := t.TempDir()
-	tokenFile, goFile := filepath.Join(signal, "token"), filepath.Join(signal, "go")
-	t.Cleanup(func() { _ = os.WriteFile(goFile, nil, 0o600) })
-	task := re.task(fmt.Sprintf(`printf %%s "$BERTH_RUN_TOKEN" > run-token.txt && echo hello > out.txt && `+
-		`printf %%s "$BERTH_RUN_TOKEN" > %s.tmp && mv %s.tmp %s && while [ ! -e %s ]; do sleep 0.05; done`,
-		tokenFile, tokenFile, tokenFile, goFile))
+	// The jail lets the command write only its workspace: it signals through files there, and
+	// the test, outside the jail, watches the workspace directory.
+	task := re.task(`printf %s "$BERTH_RUN_TOKEN" > run-token.txt && echo hello > out.txt && ` +
+		`printf %s "$BERTH_RUN_TOKEN" > .token.tmp && mv .token.tmp .token && while [ ! -e .go ]; do sleep 0.05; done; rm -f .token .go`)
 	sibling := re.task("true")
 	id := re.start(task.ID, nil)
 
-	var token string
+	var token, goFile string
 	deadline := time.Now().Add(90 * time.Second)
 	for token == "" && time.Now().Before(deadline) {
-		if b, err := os.ReadFile(tokenFile); err == nil {
-			token = string(b)
-		} else {
-			time.Sleep(50 * time.Millisecond)
+		found, _ := filepath.Glob(filepath.Join(re.dataDir, "workspaces", "ws-*", ".token"))
+		if len(found) == 1 {
+			if b, err := os.ReadFile(found[0]); err == nil {
+				token, goFile = string(b), filepath.Join(filepath.Dir(found[0]), ".go")
+				t.Cleanup(func() { _ = os.WriteFile(goFile, nil, 0o644) })
+				continue
+			}
 		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if !strings.HasPrefix(token, "berth_") {
 		t.Fatalf("the command did not get a run token: %q (run %v)", token, re.waitRun(id, "anything", func(map[string]any) bool { return true }))
@@ -374,7 +375,7 @@ func TestRunTokenEndToEnd(t *testing.T) {
 		t.Fatalf("live run token on GET /api/runs = %d %v", status, out)
 	}
 
-	if err := os.WriteFile(goFile, nil, 0o600); err != nil {
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	done := re.waitRun(id, "the end", ended)

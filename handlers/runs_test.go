@@ -15,6 +15,8 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/environment/jail"
+	"berth/environment/jail/jailtest"
 	"berth/jobs"
 	"berth/workspace"
 )
@@ -31,7 +33,11 @@ type runEnv struct {
 
 func setupRuns(t testing.TB) *runEnv {
 	t.Helper()
-	dataDir := t.TempDir()
+	dataDir := jailtest.Dir(t) // commands run in the jail, which hides /tmp and must reach these
+	host, err := jail.Detect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
 	e := setup(t, func(d *Deps) {
 		mgr, err := workspace.NewManager(dataDir, workspace.Options{})
 		if err != nil {
@@ -43,7 +49,7 @@ func setupRuns(t testing.TB) *runEnv {
 		}
 		client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
-			HomeDir: filepath.Join(dataDir, "homes")}, jobs.ClientOptions{Work: true, MaxWorkers: 4})
+			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir}, jobs.ClientOptions{Work: true, MaxWorkers: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +64,7 @@ func setupRuns(t testing.TB) *runEnv {
 		d.Jobs = client
 		d.Workspaces = mgr
 	})
-	re := &runEnv{testEnv: e, r: e.roles(), repo: t.TempDir(), dataDir: dataDir}
+	re := &runEnv{testEnv: e, r: e.roles(), repo: jailtest.Dir(t), dataDir: dataDir}
 	git := func(args ...string) {
 		cmd := exec.Command("git", args...)
 		cmd.Dir = re.repo
@@ -393,4 +399,55 @@ func TestRunCopyWorkspaceArtifact(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(src, "notes.txt")); string(b) != "v1\n" {
 		t.Fatalf("the source directory was changed: %q", b)
 	}
+}
+
+// TestRunCommitsInTheJail: a run's own git work works inside the jail (status, commit on its task
+// branch); finalize brings the commit home onto the task branch in the source repository, while
+// the run could move no other ref and wrote nothing into the source's own files.
+func TestRunCommitsInTheJail(t *testing.T) {
+	t.Parallel()
+	re := setupRuns(t)
+	re.workspaceWith("")
+	mainBefore := gitOut(t, re.repo, "rev-parse", "refs/heads/main")
+	task := re.task(`git status --porcelain && echo agent > agent.txt && git add agent.txt && ` +
+		`git -c user.name=agent -c user.email=agent@example.com commit -qm "work from the agent" && ` +
+		`! git update-ref refs/heads/main HEAD 2>/dev/null && ! touch "$(git rev-parse --git-common-dir)/planted" 2>/dev/null && ` +
+		`echo uncommitted > later.txt`)
+	id := re.start(task.ID, nil)
+	run := re.waitRun(id, "the end", ended)
+	if run["status"] != "succeeded" {
+		_, logText := re.call(re.r.Board, http.MethodGet, "/api/runs/"+id+"/log", nil)
+		t.Fatalf("run = %v log %v", run, logText)
+	}
+	if fin, _ := re.settled(run); fin != "settled" {
+		t.Fatalf("finalize = %q", fin)
+	}
+	log := gitOut(t, re.repo, "log", "--format=%s", "berth/PRJ-1")
+	if !strings.Contains(log, "work from the agent") || !strings.Contains(log, "work from run") {
+		t.Fatalf("task branch log %q: want the agent's commit and finalize's on top", log)
+	}
+	if got := gitOut(t, re.repo, "show", "berth/PRJ-1:agent.txt"); got != "agent" {
+		t.Fatalf("agent.txt on the branch = %q", got)
+	}
+	if got := gitOut(t, re.repo, "show", "berth/PRJ-1:later.txt"); got != "uncommitted" {
+		t.Fatalf("later.txt on the branch = %q", got)
+	}
+	if got := gitOut(t, re.repo, "rev-parse", "refs/heads/main"); got != mainBefore {
+		t.Fatalf("main moved from %s to %s", mainBefore, got)
+	}
+	if _, err := os.Stat(filepath.Join(re.repo, ".git", "planted")); err == nil {
+		t.Fatal("the run wrote into the source repository's git dir")
+	}
+	if out, err := exec.Command("git", "-C", re.repo, "fsck", "--no-dangling").CombinedOutput(); err != nil {
+		t.Fatalf("source repository after the run: %v %s", err, out)
+	}
+}
+
+func gitOut(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("git", append([]string{"-C", dir}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("git %v: %v", args, err)
+	}
+	return strings.TrimSpace(string(out))
 }

@@ -242,9 +242,13 @@ func (w *CloseWorkspaceWorker) cleanup(ctx context.Context, ws db.ExecutionWorks
 	}
 	err = w.operation(ctx, db.NewOperation{CompanyID: ws.CompanyID, ExecutionWorkspaceID: ws.ID, TaskID: ws.SourceTaskID,
 		Phase: "cleanup", Command: a.CleanupCommand}, func(log *environment.LogBuffer) (*int, error) {
-		res, err := drv.Exec(ctx, environment.ExecRequest{Command: a.CleanupCommand, Dir: root, Log: log,
+		req, err := w.inJail(ctx, ws, environment.ExecRequest{Command: a.CleanupCommand, Dir: root, Log: log,
 			Tag: fmt.Sprintf("close-%s-%d", ws.ID, ws.Generation), Timeout: cleanupTimeout,
 			Env: map[string]string{"BERTH_TASK_ID": ws.SourceTaskID, "BERTH_WORKSPACE_ID": ws.ID}})
+		if err != nil {
+			return nil, err
+		}
+		res, err := drv.Exec(ctx, req)
 		if err != nil && res.Started.IsZero() {
 			return nil, err
 		}

@@ -85,10 +85,17 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	log := environment.NewLogBuffer(environment.LogOptions{FlushInterval: logFlush, OnWrite: func(s environment.LogSnapshot) {
 		_ = db.SetRunLog(context.WithoutCancel(ctx), w.deps.Pool, run.ID, s.Data, s.Total, s.Truncated)
 	}})
-	res, execErr := drv.Exec(runCtx, environment.ExecRequest{Command: run.Command, Dir: root, Log: log, Tag: run.ID,
+	req, err := w.inJail(ctx, ws, environment.ExecRequest{Command: run.Command, Dir: root, Log: log, Tag: run.ID,
 		Timeout: time.Duration(run.TimeoutS) * time.Second,
 		Env: map[string]string{"BERTH_RUN_TOKEN": token, "BERTH_API_URL": w.deps.APIURL, "BERTH_TASK_ID": run.TaskID,
 			"BERTH_WORKSPACE_ID": ws.ID}})
+	var res environment.ExecResult
+	var execErr error
+	if err != nil {
+		res, execErr = environment.ExecResult{ExitCode: -1}, err
+	} else {
+		res, execErr = drv.Exec(runCtx, req)
+	}
 	_ = log.Close()
 
 	status, code, msg := db.RunSucceeded, "", ""

@@ -99,6 +99,10 @@ func (w *FinalizeWorker) collect(ctx context.Context, run db.Run, ws db.Executio
 	var res workspace.CommitResult
 	err = w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
 		TaskID: run.TaskID, Phase: "finalize", Command: "git add -A && git commit"}, func(log *environment.LogBuffer) (*int, error) {
+		// Commits the run made in its jail come home first (workspace.BringHome).
+		if err := w.deps.Workspaces.BringHome(ctx, ws.Ref); err != nil {
+			return nil, err
+		}
 		var err error
 		res, err = w.deps.Workspaces.Commit(ctx, root, workspace.CommitSpec{Branch: ws.Branch, TaskKey: task.Key, RunID: run.ID})
 		if err == nil && res.Changed {

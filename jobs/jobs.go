@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"berth/db"
+	"berth/environment/jail"
 	"berth/workspace"
 )
 
@@ -36,6 +37,13 @@ type Deps struct {
 	// HomeDir holds a private HOME per environment for commands (outside every workspace, so
 	// dotfiles never land in a task's commits).
 	HomeDir string
+	// Jail is this host's bubblewrap and run user (jail.Detect); nil when bubblewrap is missing,
+	// and then contained environments refuse to run commands (environment_unavailable).
+	Jail *jail.Host
+	// DataDir is Berth's data dir; with Masks (the server user's home) it is hidden from every
+	// jailed command.
+	DataDir string
+	Masks   []string
 	// Executing is this process's registry of the runs it executes, its River client id and its
 	// claim on NodeID (jobs/executing.go); NewClient makes one when it is nil. Pass the same one
 	// to SweepOrphans.

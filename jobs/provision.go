@@ -197,9 +197,13 @@ func (w *ProvisionWorker) setup(ctx context.Context, run db.Run, ws db.Execution
 	}
 	return w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
 		TaskID: run.TaskID, Phase: "setup", Command: pw.SetupCommand}, func(log *environment.LogBuffer) (*int, error) {
-		res, err := drv.Exec(ctx, environment.ExecRequest{Command: pw.SetupCommand, Dir: root, Log: log,
+		req, err := w.inJail(ctx, ws, environment.ExecRequest{Command: pw.SetupCommand, Dir: root, Log: log,
 			Tag: run.ID, Timeout: setupTimeout,
 			Env: map[string]string{"BERTH_TASK_ID": run.TaskID, "BERTH_WORKSPACE_ID": ws.ID}})
+		if err != nil {
+			return nil, err
+		}
+		res, err := drv.Exec(ctx, req)
 		if err != nil && res.Started.IsZero() {
 			return nil, err
 		}

@@ -113,7 +113,11 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 			return nil, fmt.Errorf("run environment: its secrets are unreadable")
 		}
 	}
-	opts := environment.Options{NodeID: w.deps.NodeID, Secrets: sec}
+	opts := environment.Options{NodeID: w.deps.NodeID, Secrets: sec, Jail: w.deps.Jail, DataDir: w.deps.DataDir,
+		Masks: w.deps.Masks}
+	if w.deps.DataDir != "" {
+		opts.Masks = append([]string{w.deps.DataDir}, opts.Masks...)
+	}
 	if w.deps.HomeDir != "" {
 		opts.Home = filepath.Join(w.deps.HomeDir, env.ID)
 		if err := os.MkdirAll(opts.Home, 0o700); err != nil {
@@ -121,6 +125,26 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 		}
 	}
 	return environment.New(cfg, opts)
+}
+
+// inJail completes a command for workspace ws with what its jail needs: a private HOME per
+// workspace (outside its tree, kept between runs) and, for a git worktree, the private git store
+// its commits go to until finalize brings them home (workspace.RunGit).
+func (w runWorker) inJail(ctx context.Context, ws db.ExecutionWorkspace, req environment.ExecRequest) (environment.ExecRequest, error) {
+	if w.deps.HomeDir != "" {
+		req.Home = filepath.Join(w.deps.HomeDir, ws.Ref)
+		if err := os.MkdirAll(req.Home, 0o700); err != nil {
+			return req, fmt.Errorf("command home: %w", err)
+		}
+	}
+	if w.deps.Workspaces != nil {
+		acc, err := w.deps.Workspaces.RunGit(ctx, ws.Ref)
+		if err != nil {
+			return req, err
+		}
+		req.Git = acc
+	}
+	return req, nil
 }
 
 // snoozeBusy turns a busy lease into a later retry that does not count as a failure.

@@ -34,6 +34,8 @@ func (id Identity) orDefault() Identity {
 func gitSafetyFlags() []string {
 	return []string{
 		"-c", "core.hooksPath=/dev/null",
+		// Jailed runs own their worktrees (another uid than Berth's when Berth is root).
+		"-c", "safe.directory=*",
 		"-c", "core.fsmonitor=false",
 		"-c", "commit.gpgSign=false",
 		"-c", "tag.gpgSign=false",

@@ -44,6 +44,7 @@ type Manager struct {
 	dataDir string
 	base    string // real path of <data dir>/workspaces
 	cache   string // <data dir>/git-cache
+	runGit  string // <data dir>/run-git: jailed runs' private git stores (rungit.go)
 	git     gitRunner
 
 	mu       sync.Mutex
@@ -77,7 +78,7 @@ func NewManager(dataDir string, opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("new manager: data dir must be absolute: %w", ErrUnsafePath)
 	}
 	dirs := map[string]string{}
-	for _, name := range []string{"workspaces", "git-cache", "git-home"} {
+	for _, name := range []string{"workspaces", "git-cache", "git-home", "run-git"} {
 		p := filepath.Join(dataDir, name)
 		if err := ensurePrivateDir(p); err != nil {
 			return nil, fmt.Errorf("new manager: %w", err)
@@ -96,6 +97,7 @@ func NewManager(dataDir string, opts Options) (*Manager, error) {
 		dataDir:  realData,
 		base:     dirs["workspaces"],
 		cache:    dirs["git-cache"],
+		runGit:   dirs["run-git"],
 		git:      newGitRunner(dirs["git-home"], opts.Author),
 		holders:  map[string]int{},
 		closing:  map[string]bool{},
@@ -201,6 +203,10 @@ func (m *Manager) Destroy(ctx context.Context, ref string) error {
 		return fmt.Errorf("destroy %s: %w", ref, err)
 	}
 	defer end()
+	// The jailed runs' git store goes first: close waits for finalize, which brought its commits home.
+	if err := os.RemoveAll(m.runGitDir(ref)); err != nil {
+		return fmt.Errorf("destroy %s: %w", ref, err)
+	}
 	rec, err := m.owned(ref)
 	if err != nil {
 		// A record whose directory is entirely gone (an interrupted Destroy, or a hand deletion) is

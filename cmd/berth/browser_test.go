@@ -13,6 +13,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"berth/db/dbtest"
+	"berth/environment/jail/jailtest"
 )
 
 // browser starts headless Chromium (Debian's package) for one test. Without Chromium the test is
@@ -60,7 +61,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 func serveForBrowser(t *testing.T, extra map[string]string) string {
 	t.Helper()
 	addr := freeAddr(t)
-	dataDir := t.TempDir()
+	dataDir := jailtest.Dir(t)
 	vars := map[string]string{"DATABASE_URL": dbtest.ConnString(t), "BERTH_ADDR": addr, "BERTH_DATA_DIR": dataDir,
 		"BERTH_ADMIN_EMAIL": "admin@example.com", "BERTH_ADMIN_PASSWORD": "a long admin password", "BERTH_LOG_LEVEL": "warn"}
 	for k, v := range extra {
@@ -145,7 +146,7 @@ func TestBrowserSignInOut(t *testing.T) {
 // gitRepo makes a small repository with one commit on main, as a newcomer's project would be.
 func gitRepo(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
+	dir := jailtest.Dir(t)
 	if err := makeDemoRepo(context.Background(), dir); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"berth/db"
 	"berth/db/dbtest"
+	"berth/environment/jail/jailtest"
 )
 
 // TestMain doubles as the berth binary: with BERTH_TEST_AS_MAIN=1 the test binary runs main(),
@@ -197,7 +198,7 @@ func waitHealthy(t *testing.T, base string, deadline time.Duration) {
 func TestServeInProcess(t *testing.T) {
 	t.Parallel()
 	addr := freeAddr(t)
-	vars := map[string]string{"DATABASE_URL": dbtest.ConnString(t), "BERTH_ADDR": addr, "BERTH_DATA_DIR": t.TempDir(),
+	vars := map[string]string{"DATABASE_URL": dbtest.ConnString(t), "BERTH_ADDR": addr, "BERTH_DATA_DIR": jailtest.Dir(t),
 		"BERTH_ADMIN_EMAIL": "root@example.com", "BERTH_ADMIN_PASSWORD": "a long admin password", "BERTH_LOG_LEVEL": "warn"}
 	ctx, cancel := context.WithCancel(context.Background())
 	var out, errb bytes.Buffer
@@ -249,11 +250,7 @@ func berthProc(t *testing.T, vars map[string]string, stdin string, args ...strin
 // it serves, a token that works against the server, and all of it still there after a restart.
 func TestEmbeddedServerAndCLI(t *testing.T) {
 	t.Parallel()
-	dataDir, err := os.MkdirTemp("", "berthe2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dataDir) })
+	dataDir := jailtest.Dir(t)
 	addr := freeAddr(t)
 	base := "http://" + addr
 	vars := map[string]string{"BERTH_DATA_DIR": dataDir, "BERTH_ADDR": addr, "BERTH_LOG_LEVEL": "warn"}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"berth/db"
+	"berth/environment/jail"
 	"berth/handlers"
 	"berth/jobs"
 	"berth/static"
@@ -84,10 +86,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	deps0, err := jailDeps(ctx, log, c.DataDir)
+	if err != nil {
+		return err
+	}
 	executing := jobs.NewExecuting(node)
 	defer executing.Close()
 	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node,
-		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing}
+		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing,
+		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks}
 	client, err := jobs.NewClient(deps, jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
 	if err != nil {
 		return err
@@ -229,4 +236,28 @@ func sourceRoots(getenv func(string) string) []string {
 		}
 	}
 	return roots
+}
+
+// jailDeps finds this host's jail (bubblewrap, and the berth-run user when Berth is root) and
+// what every jailed command must not see: the data dir and the server user's home. Without
+// bubblewrap Berth still starts (pages, API), and runs on contained environments are refused as
+// environment_unavailable with the fix.
+func jailDeps(ctx context.Context, log *slog.Logger, dataDir string) (jobs.Deps, error) {
+	real, err := filepath.EvalSymlinks(dataDir)
+	if err != nil {
+		return jobs.Deps{}, fmt.Errorf("data dir: %w", err)
+	}
+	d := jobs.Deps{DataDir: real}
+	if home, err := os.UserHomeDir(); err == nil && filepath.IsAbs(home) && home != "/" {
+		if h, err := filepath.EvalSymlinks(home); err == nil && h != "/" {
+			d.Masks = append(d.Masks, h)
+		}
+	}
+	h, err := jail.Detect(ctx)
+	if err != nil {
+		log.Warn("runs on contained environments are refused until this is fixed", "error", err)
+		return d, nil
+	}
+	d.Jail = &h
+	return d, nil
 }

@@ -160,6 +160,10 @@ func Build(s Spec) (Cmd, error) {
 	}
 	var data [][]byte
 	var dir string
+	// Parents first: a mask inside another is made in the outer tmpfs, and remounted there.
+	s.Masks = slices.Clone(s.Masks)
+	slices.Sort(s.Masks)
+	s.Masks = slices.Compact(s.Masks)
 	switch s.Profile {
 	case Local:
 		a.add("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc")

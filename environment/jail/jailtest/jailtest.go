@@ -1,0 +1,30 @@
+// Package jailtest gives tests directories a jailed run can use: outside /tmp (every jail has a
+// private /tmp, which would hide a directory there by accident and prove nothing) and traversable
+// by the berth-run user when the tests run as root.
+package jailtest
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Dir is a fresh, empty directory (mode 0755 down from /var/tmp) removed when the test ends. Use
+// it for data dirs and source repositories of tests whose commands run in the jail.
+func Dir(t testing.TB) string {
+	t.Helper()
+	name := strings.NewReplacer("/", "-", " ", "-").Replace(t.Name())
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	d, err := os.MkdirTemp("/var/tmp", "berth-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(d) })
+	return filepath.Clean(d)
+}
