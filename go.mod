@@ -4,7 +4,6 @@ go 1.26.8
 
 require (
 	github.com/a-h/templ v0.3.1118
-	github.com/alexedwards/scs/pgxstore v0.0.0-20240316134038-7e11d57e8885
 	github.com/alexedwards/scs/v2 v2.9.0
 	github.com/chromedp/chromedp v0.23.1
 	github.com/jackc/pgx/v5 v5.13.0

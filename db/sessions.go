@@ -80,3 +80,12 @@ func (s *SessionStore) DeleteCtx(ctx context.Context, token string) error {
 	}
 	return nil
 }
+
+// PruneSessions deletes the expired sessions (the housekeeping job), and says how many.
+func PruneSessions(ctx context.Context, q Querier) (int64, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM sessions WHERE expiry < now()`)
+	if err != nil {
+		return 0, fmt.Errorf("prune sessions: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/alexedwards/scs/pgxstore"
 	"github.com/alexedwards/scs/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -108,7 +107,7 @@ func New(d Deps) (*Server, error) {
 	s.sessions = scs.New()
 	// No cleanup goroutine (its start races with StopCleanup): the housekeeping job deletes
 	// expired sessions, and Find ignores them until then.
-	s.sessions.Store = pgxstore.NewWithCleanupInterval(d.Pool, 0)
+	s.sessions.Store = db.NewSessionStore(d.Pool) // sha256(token) at rest: reading the table yields no live session
 	s.sessions.Lifetime = 24 * time.Hour
 	s.sessions.IdleTimeout = 8 * time.Hour
 	s.sessions.Cookie.Name = "berth_session"

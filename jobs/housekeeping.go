@@ -41,10 +41,10 @@ func (w *HousekeepingWorker) Work(ctx context.Context, job *river.Job[Housekeepi
 	if err != nil {
 		return err
 	}
-	tag, err := w.deps.Pool.Exec(ctx, `DELETE FROM sessions WHERE expiry < now()`)
+	sessions, err := db.PruneSessions(ctx, w.deps.Pool)
 	if err != nil {
-		return fmt.Errorf("housekeeping: prune sessions: %w", err)
+		return fmt.Errorf("housekeeping: %w", err)
 	}
-	w.deps.Log.Info("housekeeping done", "login_attempts_pruned", attempts, "sessions_pruned", tag.RowsAffected())
+	w.deps.Log.Info("housekeeping done", "login_attempts_pruned", attempts, "sessions_pruned", sessions)
 	return nil
 }
