@@ -1,0 +1,135 @@
+package jail
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func localSpec() Spec {
+	return Spec{Profile: Local, Bwrap: "/usr/bin/bwrap", Workspace: "/data/workspaces/ws-a", Home: "/data/homes/ws-a",
+		Masks: []string{"/root", "/data"}, ReadOnly: []Bind{{Src: "/src/.git"}},
+		ReadWrite: []Bind{{Src: "/data/run-git/ws-a/admin", Dst: "/src/.git/worktrees/ws-a"}},
+		Env:       map[string]string{"BERTH_RUN_ID": "r1"}, Command: "make test"}
+}
+
+func sandboxSpec() Spec {
+	return Spec{Profile: Sandbox, Bwrap: "/usr/bin/bwrap", Prlimit: "/usr/bin/prlimit", Workspace: "/data/workspaces/ws-b",
+		Image: "/data/images/e1/1", Command: "true", Limits: Limits{MemoryMB: 256, PidsMax: 64}}
+}
+
+// index is where the sequence seq starts in args, or -1.
+func index(args []string, seq ...string) int {
+	for i := 0; i+len(seq) <= len(args); i++ {
+		if slices.Equal(args[i:i+len(seq)], seq) {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestBuildLocal(t *testing.T) {
+	c, err := Build(localSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Args
+	for _, seq := range [][]string{
+		{"--die-with-parent"}, {"--new-session"}, {"--unshare-pid"}, {"--unshare-user"},
+		{"--ro-bind", "/", "/"}, {"--tmpfs", "/data"}, {"--tmpfs", "/root"}, {"--perms", "1777", "--tmpfs", "/tmp"},
+		{"--ro-bind", "/src/.git", "/src/.git"}, {"--bind", "/data/workspaces/ws-a", "/data/workspaces/ws-a"},
+		{"--bind", "/data/run-git/ws-a/admin", "/src/.git/worktrees/ws-a"}, {"--bind", "/data/homes/ws-a", "/data/homes/ws-a"},
+		{"--remount-ro", "/data"}, {"--chdir", "/data/workspaces/ws-a"}, {"/bin/sh", "-c", "make test"},
+	} {
+		if index(a, seq...) < 0 {
+			t.Errorf("argv lacks %q: %q", seq, a)
+		}
+	}
+	// Order carries the promises: / first, then the masks, then the binds that re-expose parts.
+	order := []int{index(a, "--ro-bind", "/", "/"), index(a, "--tmpfs", "/data"), index(a, "--bind", "/data/workspaces/ws-a"),
+		index(a, "--remount-ro", "/data"), index(a, "--")}
+	if !slices.IsSorted(order) || slices.Contains(order, -1) {
+		t.Errorf("argv order %v: %q", order, a)
+	}
+	if index(a, "--unshare-net") >= 0 {
+		t.Error("the local profile keeps the host network")
+	}
+	if !slices.Contains(c.Env, "HOME=/data/homes/ws-a") || !slices.Contains(c.Env, "BERTH_RUN_ID=r1") {
+		t.Errorf("env %q", c.Env)
+	}
+	for _, arg := range a {
+		if strings.Contains(arg, "BERTH_RUN_ID") {
+			t.Errorf("a variable reached bwrap's argv (visible in ps): %q", arg)
+		}
+	}
+}
+
+func TestBuildSandbox(t *testing.T) {
+	for _, p := range []Profile{Sandbox, Setup} {
+		s := sandboxSpec()
+		s.Profile = p
+		c, err := Build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := c.Args
+		if index(a, "--ro-bind", "/", "/") >= 0 {
+			t.Errorf("%s binds the host root: %q", p, a)
+		}
+		image := []string{"--ro-bind", "/data/images/e1/1", ImageDir}
+		if p == Setup {
+			image[0] = "--bind"
+		}
+		for _, seq := range [][]string{
+			{"--unshare-net"}, {"--uid", "1000", "--gid", "1000"}, {"--cap-drop", "ALL"}, {"--ro-bind", "/usr", "/usr"},
+			{"--bind", "/data/workspaces/ws-b", "/workspace"}, image, {"--chdir", "/workspace"},
+			{"--ro-bind-data", "3", "/etc/passwd"}, {"/usr/bin/prlimit", "--core=0", "--data=268435456", "--nproc=64", "--"},
+		} {
+			if index(a, seq...) < 0 {
+				t.Errorf("%s argv lacks %q: %q", p, seq, a)
+			}
+		}
+		if len(c.Data) != 2 || !strings.Contains(string(c.Data[0]), "berth:x:1000:1000") {
+			t.Errorf("%s data files %q", p, c.Data)
+		}
+		if !slices.Contains(c.Env, "PATH="+sandboxPATH) || !strings.HasPrefix(sandboxPATH, ImagePath+":") {
+			t.Errorf("%s env %q", p, c.Env)
+		}
+	}
+	s := sandboxSpec()
+	s.Network = true
+	if c, _ := Build(s); index(c.Args, "--unshare-net") >= 0 {
+		t.Error("network: true still unshares the network")
+	}
+}
+
+func TestBuildRefuses(t *testing.T) {
+	cases := map[string]func(*Spec){
+		"unknown profile":    func(s *Spec) { s.Profile = "host" },
+		"relative bwrap":     func(s *Spec) { s.Bwrap = "bwrap" },
+		"root workspace":     func(s *Spec) { s.Workspace = "/" },
+		"relative workspace": func(s *Spec) { s.Workspace = "ws" },
+		"unclean workspace":  func(s *Spec) { s.Workspace = "/data/../etc" },
+		"escaping dir":       func(s *Spec) { s.Dir = "../other" },
+		"empty command":      func(s *Spec) { s.Command = " " },
+		"NUL in command":     func(s *Spec) { s.Command = "a\x00b" },
+		"bad env name":       func(s *Spec) { s.Env = map[string]string{"A=B": "x"} },
+		"mask of /":          func(s *Spec) { s.Masks = []string{"/"} },
+		"mask = workspace":   func(s *Spec) { s.Masks = []string{s.Workspace} },
+		"relative bind":      func(s *Spec) { s.ReadWrite = []Bind{{Src: "x"}} },
+		"relative home":      func(s *Spec) { s.Home = "home" },
+		"sandbox w/o image":  func(s *Spec) { *s = sandboxSpec(); s.Image = "" },
+		"limits w/o prlimit": func(s *Spec) { *s = sandboxSpec(); s.Prlimit = "" },
+		"negative limit":     func(s *Spec) { *s = sandboxSpec(); s.Limits.PidsMax = -1 },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			s := localSpec()
+			mutate(&s)
+			if _, err := Build(s); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Build = %v, want ErrInvalid", err)
+			}
+		})
+	}
+}
