@@ -186,12 +186,7 @@ func (s *Server) apiCreateEnvironment(w http.ResponseWriter, r *http.Request, p 
 	if err != nil {
 		return err
 	}
-	out, err := environmentOut(env)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusCreated, out)
-	return nil
+	return writeEnvironment(w, http.StatusCreated, env)
 }
 
 // apiGetEnvironment returns one environment, redacted.
@@ -206,12 +201,7 @@ func (s *Server) apiGetEnvironment(w http.ResponseWriter, r *http.Request, p *pr
 	if err != nil {
 		return err
 	}
-	out, err := environmentOut(env)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return writeEnvironment(w, http.StatusOK, env)
 }
 
 // apiPatchEnvironment changes an environment (instance admin): name, driver with config, config,
@@ -235,10 +225,15 @@ func (s *Server) apiPatchEnvironment(w http.ResponseWriter, r *http.Request, p *
 	if err != nil {
 		return err
 	}
+	return writeEnvironment(w, http.StatusOK, env)
+}
+
+// writeEnvironment answers with the redacted environment object.
+func writeEnvironment(w http.ResponseWriter, status int, env db.Environment) error {
 	out, err := environmentOut(env)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, status, out)
 	return nil
 }

@@ -209,6 +209,22 @@ func staleGeneration(ws db.ExecutionWorkspace) error {
 		Extra: map[string]any{"current": newWorkspaceJSON(ws)}}
 }
 
+// lockFenced locks workspace id in tx for a close or a reopen: done when it already has the
+// target status (the action is a no-op), a 409 stale_generation when gen is given and behind.
+func lockFenced(ctx context.Context, tx pgx.Tx, a access, id string, gen *int64, target string) (db.ExecutionWorkspace, bool, error) {
+	ws, err := db.LockExecutionWorkspace(ctx, tx, a.Company.ID, id)
+	if err != nil {
+		return ws, false, err
+	}
+	if ws.Status == target {
+		return ws, true, nil
+	}
+	if gen != nil && *gen != ws.Generation {
+		return ws, false, staleGeneration(ws)
+	}
+	return ws, false, nil
+}
+
 // closeWorkspace accepts a close: 202 (closing, close_workspace enqueued), 200 when already
 // closed, 409 when blocked (error.readiness), fenced (stale_generation) or preparing.
 func (s *Server) closeWorkspace(ctx context.Context, r *http.Request, a access, id string, confirm bool, gen *int64) (db.ExecutionWorkspace, int, error) {
@@ -220,16 +236,13 @@ func (s *Server) closeWorkspace(ctx context.Context, r *http.Request, a access, 
 		status = http.StatusAccepted
 	)
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		var done bool
 		var err error
-		if ws, err = db.LockExecutionWorkspace(ctx, tx, a.Company.ID, id); err != nil {
+		if ws, done, err = lockFenced(ctx, tx, a, id, gen, db.WorkspaceClosed); err != nil || done {
+			if done {
+				status = http.StatusOK
+			}
 			return err
-		}
-		if ws.Status == db.WorkspaceClosed {
-			status = http.StatusOK
-			return nil
-		}
-		if gen != nil && *gen != ws.Generation {
-			return staleGeneration(ws)
 		}
 		switch ws.Status {
 		case db.WorkspaceClosing:
@@ -279,16 +292,13 @@ func (s *Server) reopenWorkspace(ctx context.Context, r *http.Request, a access,
 		status = http.StatusAccepted
 	)
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		var done bool
 		var err error
-		if ws, err = db.LockExecutionWorkspace(ctx, tx, a.Company.ID, id); err != nil {
+		if ws, done, err = lockFenced(ctx, tx, a, id, gen, db.WorkspaceReady); err != nil || done {
+			if done {
+				status = http.StatusOK
+			}
 			return err
-		}
-		if ws.Status == db.WorkspaceReady {
-			status = http.StatusOK
-			return nil
-		}
-		if gen != nil && *gen != ws.Generation {
-			return staleGeneration(ws)
 		}
 		switch ws.Status {
 		case db.WorkspacePreparing:
