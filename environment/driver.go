@@ -179,13 +179,14 @@ type Options struct {
 	ImageDir string
 }
 
-// New returns the driver for an environment's configuration. Only the local driver exists so far;
-// the others report ErrDriverUnavailable.
+// New returns the driver for an environment's configuration.
 func New(cfg Config, opts Options) (Driver, error) {
 	switch cfg.Driver {
 	case DriverLocal:
 		return newLocal(cfg, opts)
-	case DriverSSH, DriverSandbox:
+	case DriverSandbox:
+		return newSandbox(cfg, opts)
+	case DriverSSH:
 		return nil, fmt.Errorf("new driver: %s environments are not supported yet: %w", cfg.Driver, ErrDriverUnavailable)
 	default:
 		return nil, fmt.Errorf("new driver: unknown driver %q: %w", cfg.Driver, ErrDriverUnavailable)

@@ -40,25 +40,14 @@ type local struct {
 	home      string // "" = the command's Dir
 	path      string
 	probeDir  string
-	ref       string // the instance ref: "local:" + node id
 	drainWait time.Duration
+	onHost
 }
 
 func newLocal(cfg Config, opts Options) (*local, error) {
-	env := make(map[string]string, len(cfg.Env))
-	for _, v := range cfg.Env {
-		if msg := envNameProblem(v.Name); msg != "" {
-			return nil, fmt.Errorf("new local driver: variable %s: %w", msg, ErrInvalidRequest)
-		}
-		value := v.Value
-		if v.Secret {
-			s, ok := opts.Secrets.Env[v.Name]
-			if !ok {
-				return nil, fmt.Errorf("new local driver: secret variable %s has no value: %w", v.Name, ErrInvalidRequest)
-			}
-			value = s
-		}
-		env[v.Name] = value
+	env, err := configuredEnv(cfg, opts)
+	if err != nil {
+		return nil, fmt.Errorf("new local driver: %w", err)
 	}
 	d := &local{env: env, grace: opts.Grace, home: opts.Home, path: opts.Path, probeDir: opts.ProbeDir,
 		drainWait: drainWait, jail: opts.Jail, contained: cfg.Containment != ContainmentNone,
@@ -78,15 +67,7 @@ func newLocal(cfg Config, opts Options) (*local, error) {
 	if d.probeDir == "" {
 		d.probeDir = os.TempDir()
 	}
-	node := opts.NodeID
-	if node == "" {
-		if h, err := os.Hostname(); err == nil && h != "" {
-			node = h
-		} else {
-			node = "localhost"
-		}
-	}
-	d.ref = "local:" + node
+	d.onHost = newOnHost(DriverLocal, opts.NodeID)
 	return d, nil
 }
 
@@ -100,68 +81,6 @@ func absolutePath(list string) string {
 		}
 	}
 	return strings.Join(keep, string(filepath.ListSeparator))
-}
-
-// Acquire returns this node: the local driver has exactly one instance, shared by every run.
-func (d *local) Acquire(ctx context.Context, _ AcquireRequest) (Instance, error) {
-	if err := ctx.Err(); err != nil {
-		return Instance{}, fmt.Errorf("acquire: %w", err)
-	}
-	return Instance{Driver: DriverLocal, Ref: d.ref}, nil
-}
-
-// Realize checks that the workspace is a real directory on this node and runs commands right there.
-func (d *local) Realize(ctx context.Context, req RealizeRequest) (Realization, error) {
-	if err := ctx.Err(); err != nil {
-		return Realization{}, fmt.Errorf("realize: %w", err)
-	}
-	if err := d.ownInstance(req.Instance); err != nil {
-		return Realization{}, fmt.Errorf("realize: %w", err)
-	}
-	p := req.HostPath
-	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
-		return Realization{}, fmt.Errorf("realize: host path must be absolute and clean: %w", ErrInvalidRequest)
-	}
-	fi, err := os.Lstat(p)
-	if err != nil {
-		return Realization{}, fmt.Errorf("realize: host path: %s: %w", errnoText(err), ErrInvalidRequest)
-	}
-	if !fi.IsDir() {
-		return Realization{}, fmt.Errorf("realize: host path is not a directory (or is a symlink): %w", ErrInvalidRequest)
-	}
-	return Realization{Root: p}, nil
-}
-
-// Sync has nothing to copy: commands wrote to the host path itself.
-func (d *local) Sync(ctx context.Context, req SyncRequest) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("sync: %w", err)
-	}
-	if err := d.ownInstance(req.Instance); err != nil {
-		return fmt.Errorf("sync: %w", err)
-	}
-	return nil
-}
-
-// Release has nothing to give back; Exec already stopped every process it started. Any local
-// instance is accepted, so cleanup never loops on an instance of a node that went away.
-func (d *local) Release(ctx context.Context, inst Instance) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("release: %w", err)
-	}
-	if inst.Driver != DriverLocal {
-		return fmt.Errorf("release: a %q instance is not local: %w", inst.Driver, ErrInvalidRequest)
-	}
-	return nil
-}
-
-// ownInstance refuses an instance of another driver or another node, whose workspace is not on
-// this host's disk.
-func (d *local) ownInstance(inst Instance) error {
-	if inst.Driver != DriverLocal || inst.Ref != d.ref {
-		return fmt.Errorf("instance %s %q is not this node's (%s): %w", inst.Driver, inst.Ref, d.ref, ErrInvalidRequest)
-	}
-	return nil
 }
 
 // Exec runs /bin/sh -c Command in a new session (hence its own process group, with no controlling
@@ -343,40 +262,12 @@ func drain(r io.Reader, w io.Writer) error {
 // environ checks req and builds the command's whole environment: the base, the environment's
 // variables, req.Env, and the tag (first, so it is cheap to find).
 func (d *local) environ(req ExecRequest) ([]string, error) {
-	if strings.TrimSpace(req.Command) == "" || strings.ContainsRune(req.Command, 0) {
-		return nil, fmt.Errorf("command must be non-empty without NUL: %w", ErrInvalidRequest)
-	}
-	if !filepath.IsAbs(req.Dir) {
-		return nil, fmt.Errorf("dir must be an absolute path: %w", ErrInvalidRequest)
-	}
-	if fi, err := os.Stat(req.Dir); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("dir is not an existing directory: %w", ErrInvalidRequest)
-	}
-	if err := checkTag(req.Tag); err != nil {
+	if err := checkRequest(req); err != nil {
 		return nil, err
-	}
-	if req.Timeout < 0 {
-		return nil, fmt.Errorf("timeout must not be negative: %w", ErrInvalidRequest)
 	}
 	home := d.home
 	if home == "" {
 		home = req.Dir
 	}
-	vars := map[string]string{"PATH": d.path, "HOME": home, "LANG": "C.UTF-8", "TERM": "dumb"}
-	maps.Copy(vars, d.env)
-	for k, v := range req.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return nil, fmt.Errorf("env %q: names need no '=' or NUL, values no NUL: %w", k, ErrInvalidRequest)
-		}
-		if k == TagVar && v != req.Tag {
-			return nil, fmt.Errorf("env %s differs from the tag: %w", TagVar, ErrInvalidRequest)
-		}
-		vars[k] = v
-	}
-	delete(vars, TagVar)
-	out := []string{TagVar + "=" + req.Tag}
-	for _, k := range slices.Sorted(maps.Keys(vars)) {
-		out = append(out, k+"="+vars[k])
-	}
-	return out, nil
+	return commandEnv(req, map[string]string{"PATH": d.path, "HOME": home, "LANG": "C.UTF-8", "TERM": "dumb"}, d.env)
 }
