@@ -37,6 +37,8 @@ type PlanEnvironment struct {
 	Driver    string `json:"driver"`
 	Status    string `json:"status"`
 	Qualified bool   `json:"qualified"` // a probe qualification exists and says ok
+	// Uncontained: a local environment whose config says "containment": "none".
+	Uncontained bool `json:"uncontained"`
 }
 
 // planSnapshotSQL reads the whole snapshot in one round trip. Environments are limited to the
@@ -47,7 +49,8 @@ const planSnapshotSQL = `SELECT ` + taskColumns + `,
 		coalesce((SELECT pw.source_type FROM project_workspaces pw
 			WHERE pw.company_id = t.company_id AND pw.project_id = t.project_id AND pw.is_primary), ''),
 		coalesce((SELECT jsonb_agg(jsonb_build_object('id', e.id, 'name', e.name, 'driver', e.driver,
-				'status', e.status, 'qualified', coalesce(e.qualification->'ok' = 'true'::jsonb, false)) ORDER BY e.name)
+				'status', e.status, 'qualified', coalesce(e.qualification->'ok' = 'true'::jsonb, false),
+				'uncontained', coalesce(e.config->>'containment' = 'none', false)) ORDER BY e.name)
 			FROM environments e WHERE e.company_id = t.company_id
 				AND e.id::text IN (pol.environment_id, t.environment_id::text)), '[]'::jsonb),
 		b.mode, b.execution_workspace_id::text, b.revision, b.request_key, b.updated_at,

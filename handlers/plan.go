@@ -29,7 +29,7 @@ func planInput(s db.PlanSnapshot) workspace.PlanInput {
 	}
 	for _, e := range s.Environments {
 		in.Environments[e.ID] = workspace.PlanEnvironment{ID: e.ID, Name: e.Name, Driver: e.Driver,
-			Archived: e.Status != "active", Qualified: e.Qualified}
+			Archived: e.Status != "active", Qualified: e.Qualified, Uncontained: e.Uncontained}
 	}
 	if s.Binding.Revision > 0 {
 		in.BindingMode = s.Binding.Mode

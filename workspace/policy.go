@@ -41,6 +41,9 @@ type PlanEnvironment struct {
 	Driver    string // local | ssh | sandbox
 	Archived  bool
 	Qualified bool // a current, successful probe qualification exists
+	// Uncontained is an instance admin's "containment": "none" on a local environment: its
+	// commands run outside the jail.
+	Uncontained bool
 }
 
 // PlanWorkspace is what the resolver knows of an existing execution workspace.
@@ -211,6 +214,9 @@ func ResolvePlan(in PlanInput) Plan {
 			p.trace("qualification", "blocked", "ssh environments must be probed before runs")
 		case env.Driver == "sandbox" && !env.Qualified:
 			p.trace("qualification", "warning", "sandbox %q has no current probe; runs are allowed, a probe is recommended", env.Name)
+		}
+		if env.Uncontained && env.Driver == "local" {
+			p.trace("containment", "uncontained", "runs can read Berth's own files and database")
 		}
 	}
 	if trust == TrustLow && found && !env.Archived && env.Driver != "sandbox" {

@@ -204,3 +204,35 @@ func TestPlanBranchAndTemplate(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanUncontained: "containment": "none" on a local environment is visible in the trace, and
+// never lets a low-trust task out of the sandbox requirement.
+func TestPlanUncontained(t *testing.T) {
+	t.Parallel()
+	open := PlanEnvironment{ID: "env-open", Name: "open", Driver: "local", Uncontained: true}
+	in := PlanInput{ProjectID: "p1", TaskKey: "PRJ-1", TaskTrust: TrustStandard, TaskMode: ModeInherit,
+		Policy:        ProjectPolicy{DefaultMode: ModeIsolated, EnvironmentID: open.ID, Strategy: "git_worktree"},
+		PrimarySource: "git", Environments: map[string]PlanEnvironment{open.ID: open}}
+	has := func(p Plan) bool {
+		for _, e := range p.Trace {
+			if e.Rule == "containment" && e.Effect == "uncontained" && strings.Contains(e.Reason, "Berth's own files") {
+				return true
+			}
+		}
+		return false
+	}
+	if p := ResolvePlan(in); p.Blocked || !has(p) {
+		t.Fatalf("uncontained local plan: blocked %v, trace %+v", p.Blocked, p.Trace)
+	}
+	open.Uncontained = false
+	in.Environments[open.ID] = open
+	if p := ResolvePlan(in); has(p) {
+		t.Fatalf("a contained environment's trace says uncontained: %+v", p.Trace)
+	}
+	open.Uncontained = true
+	in.Environments[open.ID] = open
+	in.TaskTrust = TrustLow
+	if p := ResolvePlan(in); !p.Blocked {
+		t.Fatal("a low-trust task ran on an uncontained local environment")
+	}
+}
