@@ -16,7 +16,12 @@ func TestNew(t *testing.T) {
 	if l, ok := d.(*local); !ok || l.grace != DefaultGrace {
 		t.Fatalf("New(local) = %#v, want the local driver with the default grace", d)
 	}
-	for _, driver := range []string{DriverSSH, DriverSandbox, "docker", ""} {
+	if d, err := New(Config{Driver: DriverSandbox}, Options{ImageDir: "/var/lib/berth/images/e/1"}); err != nil {
+		t.Fatal(err)
+	} else if _, ok := d.(*sandbox); !ok {
+		t.Fatalf("New(sandbox) = %#v", d)
+	}
+	for _, driver := range []string{DriverSSH, "docker", ""} {
 		if d, err := New(Config{Driver: driver}, Options{}); !errors.Is(err, ErrDriverUnavailable) || d != nil {
 			t.Errorf("New(%q) = %v, %v; want ErrDriverUnavailable", driver, d, err)
 		}
@@ -32,6 +37,7 @@ func TestNew(t *testing.T) {
 		{"secret without its value", Config{Driver: DriverLocal, Env: []EnvVar{{Name: "TOKEN", Secret: true}}}, Options{}},
 		{"reserved variable", Config{Driver: DriverLocal, Env: []EnvVar{{Name: "DATABASE_URL", Value: "x"}}}, Options{}},
 		{"relative home", Config{Driver: DriverLocal}, Options{Home: "home"}},
+		{"sandbox without an image layer", Config{Driver: DriverSandbox}, Options{}},
 	}
 	for _, c := range bad {
 		if _, err := New(c.cfg, c.opts); !errors.Is(err, ErrInvalidRequest) {

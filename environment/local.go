@@ -103,7 +103,7 @@ func (d *local) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 		return res, fmt.Errorf("exec: %w", err)
 	}
 	defer done()
-	return runCommand(ctx, cmd, req, d.grace, d.drainWait)
+	return runCommand(ctx, cmd, req, d.grace, d.drainWait, d.contained)
 }
 
 // command is the process of one Exec: the jail of the local profile (docs/security.md), or for an
@@ -138,7 +138,7 @@ func (d *local) command(req ExecRequest, env []string) (*exec.Cmd, func(), error
 
 // runCommand starts cmd with its output on one pipe to req.Log and waits for its end, a timeout or
 // ctx, then stops what is left of its group and its tag (see Exec).
-func runCommand(ctx context.Context, cmd *exec.Cmd, req ExecRequest, grace, drainWait time.Duration) (ExecResult, error) {
+func runCommand(ctx context.Context, cmd *exec.Cmd, req ExecRequest, grace, drainWait time.Duration, jailed bool) (ExecResult, error) {
 	res := ExecResult{ExitCode: -1}
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -185,8 +185,13 @@ func runCommand(ctx context.Context, cmd *exec.Cmd, req ExecRequest, grace, drai
 		}
 	}
 
-	// Background processes do not outlive their command, whatever the way it ended.
-	_, stopErr := stopProcesses(context.WithoutCancel(ctx), res.PID, req.Tag, grace)
+	// Background processes do not outlive their command, whatever the way it ended. A jail that
+	// exited by itself needs no sweep: its pid namespace ended with its first process, and the
+	// kernel reaps every process in it before bwrap's own wait returns.
+	var stopErr error
+	if !exited || !jailed {
+		_, stopErr = stopProcesses(context.WithoutCancel(ctx), res.PID, req.Tag, grace)
+	}
 	if !exited {
 		wait := killWait
 		if stopErr != nil {

@@ -20,7 +20,7 @@ type jailFixture struct {
 	d                             *local
 }
 
-func newJailFixture(t *testing.T) jailFixture {
+func newJailFixture(t testing.TB) jailFixture {
 	t.Helper()
 	root := workDir(t)
 	f := jailFixture{data: filepath.Join(root, "data")}
@@ -55,7 +55,7 @@ func newJailFixture(t *testing.T) jailFixture {
 	return f
 }
 
-func write(t *testing.T, p, body string, mode os.FileMode) {
+func write(t testing.TB, p, body string, mode os.FileMode) {
 	t.Helper()
 	if err := os.WriteFile(p, []byte(body), mode); err != nil {
 		t.Fatal(err)

@@ -45,7 +45,7 @@ func runTests(m *testing.M) int {
 }
 
 // workDir is a fresh directory for one test's workspace, below testRoot.
-func workDir(t *testing.T) string {
+func workDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp(testRoot, filepath.Base(t.Name())+"-")
 	if err != nil {

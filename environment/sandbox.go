@@ -94,7 +94,7 @@ func (d *sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	if limit := time.Duration(d.cfg.TimeoutS) * time.Second; limit > 0 && (req.Timeout == 0 || req.Timeout > limit) {
 		req.Timeout = limit
 	}
-	return runCommand(ctx, cmd, req, d.grace, d.drainWait)
+	return runCommand(ctx, cmd, req, d.grace, d.drainWait, true)
 }
 
 // maxImageEnv caps the image's env file.
