@@ -14,11 +14,20 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/workspace"
 )
 
-// envNoActiveImage is the active image every environment has until image versions exist; it enters
-// the fingerprint so that activating an image will clear the qualification on the same path.
-const envNoActiveImage = ""
+// emptyLayerDigest is the digest of version 1 of every sandbox's image: the empty layer, an empty
+// directory tree as capsules digest it. The migration that brought image versions wrote the same
+// value for the sandboxes made before it.
+func emptyLayerDigest() string { return workspace.Manifest{}.Digest() }
+
+// createFirstImage records the empty layer as a sandbox environment's next image version (1 for a
+// new environment) and makes it the active one, in the transaction that makes it a sandbox.
+func createFirstImage(ctx context.Context, q db.Querier, companyID, envID string) (db.ImageVersion, error) {
+	return db.CreateImageVersion(ctx, q, db.NewImageVersion{CompanyID: companyID, EnvironmentID: envID,
+		Digest: emptyLayerDigest(), Size: 0, Status: db.ImageActive})
+}
 
 // environmentInput is a requested create or change, from the API or a form; nil members were not
 // given. Config is the driver's settings as JSON, replaced as a whole when given.
@@ -113,7 +122,8 @@ func errEnvironmentNameTaken(name string) error {
 }
 
 // createEnvironment validates a new environment, seals its secrets and inserts it with its audit
-// event. Only instance admins may; anyone else gets a 403 and an audited denial.
+// event; a sandbox gets image version 1 (the empty layer), active, in the same transaction. Only
+// instance admins may; anyone else gets a 403 and an audited denial.
 func (s *Server) createEnvironment(ctx context.Context, r *http.Request, a access, in environmentInput) (db.Environment, error) {
 	if err := s.requireAdmin(r, a, "environment.create", "environment", ""); err != nil {
 		return db.Environment{}, err
@@ -152,7 +162,15 @@ func (s *Server) createEnvironment(ctx context.Context, r *http.Request, a acces
 		if err != nil {
 			return err
 		}
-		return s.auditTx(ctx, tx, r, a, "environment.created", "environment", env.ID, map[string]any{"driver": driver})
+		details := map[string]any{"driver": driver}
+		if driver == environment.DriverSandbox {
+			v, err := createFirstImage(ctx, tx, env.CompanyID, env.ID)
+			if err != nil {
+				return err
+			}
+			details["image_version"] = v.Number
+		}
+		return s.auditTx(ctx, tx, r, a, "environment.created", "environment", env.ID, details)
 	})
 	return env, err
 }
@@ -163,6 +181,11 @@ type environmentPlan struct {
 	row     db.EnvironmentChange
 	changed []string
 	status  string // the new status when it changes, else ""
+	// firstImage: the environment becomes a sandbox without an active image, so the empty layer
+	// is recorded as its next version (1 for a new sandbox) and activated with the change;
+	// imageVersion is the number it got.
+	firstImage   bool
+	imageVersion int
 }
 
 // updateEnvironment applies a change (rename, new driver or config, archive or restore) to a
@@ -188,6 +211,13 @@ func (s *Server) updateEnvironment(ctx context.Context, r *http.Request, a acces
 		}
 		if env, err = db.UpdateEnvironment(ctx, tx, a.Company.ID, id, plan.row); err != nil {
 			return err
+		}
+		if plan.firstImage {
+			v, err := createFirstImage(ctx, tx, a.Company.ID, id)
+			if err != nil {
+				return err
+			}
+			plan.imageVersion = v.Number
 		}
 		return s.auditEnvironmentChange(ctx, tx, r, a, id, plan)
 	})
@@ -246,7 +276,15 @@ func (s *Server) planEnvironmentChange(ctx context.Context, q db.Querier, old db
 	if err := checkEnvironmentRules(ctx, q, old, p.row); err != nil {
 		return environmentPlan{}, err
 	}
-	return s.finishPlan(p, old, oldCfg, oldSec, cfg, saltedSecrets(sec))
+	oldImage, err := db.ActiveImageDigest(ctx, q, old.CompanyID, old.ID)
+	if err != nil {
+		return environmentPlan{}, err
+	}
+	image := oldImage
+	if p.row.Driver == environment.DriverSandbox && oldImage == "" {
+		p.firstImage, image = true, emptyLayerDigest()
+	}
+	return s.finishPlan(p, old, oldCfg, oldSec, oldImage, cfg, saltedSecrets(sec), image)
 }
 
 // checkEnvironmentRules refuses a rename onto a taken name and archiving under a live lease.
@@ -284,9 +322,9 @@ func errEnvironmentLeaseActive(n int) error {
 }
 
 // finishPlan fills in the new config and secrets, the changed field names and whether the
-// qualification is cleared (the fingerprints of old and new differ).
+// qualification is cleared (the fingerprints of old and new, each with its active image, differ).
 func (s *Server) finishPlan(p environmentPlan, old db.Environment, oldCfg environment.Config, oldSec environment.Secrets,
-	cfg environment.Config, sec environment.Secrets) (environmentPlan, error) {
+	oldImage string, cfg environment.Config, sec environment.Secrets, image string) (environmentPlan, error) {
 	if p.row.Name != old.Name {
 		p.changed = append(p.changed, "name")
 	}
@@ -299,7 +337,7 @@ func (s *Server) finishPlan(p environmentPlan, old db.Environment, oldCfg enviro
 	if p.row.Status != old.Status {
 		p.status = p.row.Status
 	}
-	p.row.ClearQualification = environment.Fingerprint(oldCfg, oldSec, envNoActiveImage) != environment.Fingerprint(cfg, sec, envNoActiveImage)
+	p.row.ClearQualification = environment.Fingerprint(oldCfg, oldSec, oldImage) != environment.Fingerprint(cfg, sec, image)
 	doc, err := cfg.Document()
 	if err != nil {
 		return environmentPlan{}, err
@@ -317,6 +355,9 @@ func (s *Server) finishPlan(p environmentPlan, old db.Environment, oldCfg enviro
 func (s *Server) auditEnvironmentChange(ctx context.Context, q db.Querier, r *http.Request, a access, id string, p environmentPlan) error {
 	if len(p.changed) > 0 {
 		details := map[string]any{"changed": p.changed, "qualification_cleared": p.row.ClearQualification}
+		if p.imageVersion > 0 {
+			details["image_version"] = p.imageVersion
+		}
 		if err := s.auditTx(ctx, q, r, a, "environment.updated", "environment", id, details); err != nil {
 			return err
 		}

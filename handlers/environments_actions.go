@@ -68,7 +68,7 @@ func (s *Server) updateEnvironmentForm(w http.ResponseWriter, r *http.Request, p
 	if err != nil {
 		return err
 	}
-	d, err := environmentView(a, env, f.Driver)
+	d, err := s.environmentView(ctx, a, env, f.Driver)
 	if err != nil {
 		return err
 	}
@@ -114,7 +114,7 @@ func (s *Server) afterEnvironmentAction(w http.ResponseWriter, r *http.Request, 
 	if loadErr != nil {
 		return loadErr
 	}
-	d, loadErr := environmentView(a, env, "")
+	d, loadErr := s.environmentView(r.Context(), a, env, "")
 	if loadErr != nil {
 		return loadErr
 	}

@@ -1,15 +1,16 @@
 package handlers
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"berth/db"
 	"berth/environment"
+	"berth/jobs"
 	"berth/views"
 )
 
@@ -62,7 +63,7 @@ func (s *Server) environmentPage(w http.ResponseWriter, r *http.Request, p *prin
 	if err != nil {
 		return err
 	}
-	d, err := environmentView(a, env, r.URL.Query().Get("driver"))
+	d, err := s.environmentView(ctx, a, env, r.URL.Query().Get("driver"))
 	if err != nil {
 		return err
 	}
@@ -70,15 +71,23 @@ func (s *Server) environmentPage(w http.ResponseWriter, r *http.Request, p *prin
 }
 
 // environmentView is what an environment's page shows, redacted, with the edit form for driver
-// ("" for the stored one).
-func environmentView(a access, env db.Environment, driver string) (views.EnvironmentDetail, error) {
+// ("" for the stored one), the probe button for instance admins and, for a sandbox, its image
+// versions.
+func (s *Server) environmentView(ctx context.Context, a access, env db.Environment, driver string) (views.EnvironmentDetail, error) {
 	cfg, err := environment.Load(env.Driver, env.Config)
 	if err != nil {
 		return views.EnvironmentDetail{}, err
 	}
+	var images views.EnvironmentImages
+	if env.Driver == environment.DriverSandbox {
+		if images, err = s.envImageVersionsView(ctx, env.CompanyID, env.ID); err != nil {
+			return views.EnvironmentDetail{}, err
+		}
+	}
 	d := views.EnvironmentDetail{ID: env.ID, CompanyID: env.CompanyID, Name: env.Name, Driver: env.Driver,
-		Status: env.Status, CreatedAt: env.CreatedAt, UpdatedAt: env.UpdatedAt, Settings: environmentSettingsView(cfg),
-		Qualification: envQualificationView(env.Qualification), IsAdmin: a.Admin, Edit: editEnvironmentForm(env, cfg, driver)}
+		Status: env.Status, CreatedAt: env.CreatedAt, UpdatedAt: env.UpdatedAt, Settings: environmentSettingsView(cfg, images.Active),
+		Qualification: envQualificationView(env.Qualification), IsAdmin: a.Admin, CanProbe: a.Admin && s.jobs != nil,
+		Images: images, Edit: editEnvironmentForm(env, cfg, driver)}
 	for _, v := range cfg.Env {
 		d.Env = append(d.Env, views.EnvironmentVar{Name: v.Name, Value: v.Value, Secret: v.Secret})
 	}
@@ -92,7 +101,8 @@ func (s *Server) renderEnvironment(w http.ResponseWriter, r *http.Request, a acc
 }
 
 // environmentSettingsView phrases a configuration for the page; the private key only as "set".
-func environmentSettingsView(c environment.Config) []views.EnvironmentSetting {
+// activeImage names a sandbox's active image version ("" when it has none).
+func environmentSettingsView(c environment.Config, activeImage string) []views.EnvironmentSetting {
 	switch c.Driver {
 	case environment.DriverSSH:
 		return []views.EnvironmentSetting{
@@ -111,11 +121,20 @@ func environmentSettingsView(c environment.Config) []views.EnvironmentSetting {
 			{Label: "CPUs", Value: strconv.FormatFloat(sb.CPUs, 'f', -1, 64)},
 			{Label: "Processes at most", Value: strconv.Itoa(sb.PidsMax)},
 			{Label: "Time limit", Value: strconv.Itoa(sb.TimeoutS) + " s"},
-			{Label: "Active image", Value: "none yet", Hint: "Image versions arrive with later work; the active image will show here."},
+			envActiveImageSetting(activeImage),
 		}
 	default:
 		return []views.EnvironmentSetting{{Label: "Runs on", Value: "this machine, as the user Berth runs as"}}
 	}
+}
+
+// envActiveImageSetting is the sandbox's active image line.
+func envActiveImageSetting(active string) views.EnvironmentSetting {
+	if active == "" {
+		return views.EnvironmentSetting{Label: "Active image", Value: "none",
+			Hint: "Sandboxes run with an empty /opt/image until a version is active."}
+	}
+	return views.EnvironmentSetting{Label: "Active image", Value: active, Mono: true, Hint: "Mounted read-only at /opt/image in runs."}
 }
 
 func envOnOff(b bool) string {
@@ -125,21 +144,13 @@ func envOnOff(b bool) string {
 	return "off"
 }
 
-// envQualificationDoc is the qualification object a probe writes.
-type envQualificationDoc struct {
-	ProbedAt          time.Time `json:"probed_at"`
-	OK                bool      `json:"ok"`
-	Summary           string    `json:"summary"`
-	ConfigFingerprint string    `json:"config_fingerprint"`
-	ImageDigest       string    `json:"image_digest"`
-}
-
-// envQualificationView phrases a stored qualification; an unreadable one counts as failed.
+// envQualificationView phrases a stored qualification (the document the probe job writes); an
+// unreadable one counts as failed.
 func envQualificationView(raw []byte) views.EnvironmentQualification {
 	if len(raw) == 0 || string(raw) == "null" {
 		return views.EnvironmentQualification{State: "none"}
 	}
-	var q envQualificationDoc
+	var q jobs.Qualification
 	if err := json.Unmarshal(raw, &q); err != nil {
 		return views.EnvironmentQualification{State: "failed", Summary: "The stored qualification cannot be read."}
 	}
@@ -147,8 +158,12 @@ func envQualificationView(raw []byte) views.EnvironmentQualification {
 	if q.OK {
 		state = "ok"
 	}
-	return views.EnvironmentQualification{State: state, ProbedAt: q.ProbedAt, Summary: q.Summary,
-		Fingerprint: q.ConfigFingerprint, ImageDigest: q.ImageDigest}
+	v := views.EnvironmentQualification{State: state, ProbedAt: q.ProbedAt, Summary: q.Summary,
+		Fingerprint: q.ConfigFingerprint, ImageDigest: q.ImageDigest, HostKey: q.Fingerprint}
+	for _, c := range q.Checks {
+		v.Checks = append(v.Checks, views.EnvironmentCheck{Name: c.Name, Status: string(c.Status), Detail: c.Detail})
+	}
+	return v
 }
 
 // newEnvironmentForm is the empty creation form for a driver (local unless another is asked for).

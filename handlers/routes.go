@@ -83,6 +83,8 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /api/companies/{cid}/environments", s.api(s.apiCreateEnvironment))
 	mux.Handle("GET /api/environments/{id}", s.api(s.apiGetEnvironment))
 	mux.Handle("PATCH /api/environments/{id}", s.api(s.apiPatchEnvironment))
+	mux.Handle("POST /api/environments/{id}/probe", s.api(s.apiProbeEnvironment))
+	mux.Handle("GET /api/environments/{id}/image-versions", s.api(s.apiListImageVersions))
 
 	mux.Handle("GET /companies/{cid}/environments", s.page(s.environmentsPage))
 	mux.Handle("POST /companies/{cid}/environments", s.page(s.createEnvironmentForm))
@@ -90,6 +92,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /environments/{id}", s.page(s.updateEnvironmentForm))
 	mux.Handle("POST /environments/{id}/archive", s.page(s.archiveEnvironmentForm))
 	mux.Handle("POST /environments/{id}/unarchive", s.page(s.unarchiveEnvironmentForm))
+	mux.Handle("POST /environments/{id}/probe", s.page(s.probeEnvironmentForm))
 
 	// Tasks, effective plan, workspace binding (changes: board members).
 	mux.Handle("GET /api/projects/{id}/tasks", s.api(s.listTasksAPI))
