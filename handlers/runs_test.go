@@ -451,3 +451,54 @@ func gitOut(t *testing.T, dir string, args ...string) string {
 	}
 	return strings.TrimSpace(string(out))
 }
+
+// useSandbox adds a sandbox environment with its image version 1 (the empty layer, active) and
+// makes it the project's environment.
+func (re *runEnv) useSandbox(cfg environment.SandboxConfig) string {
+	re.t.Helper()
+	ctx := context.Background()
+	doc, err := environment.Config{Driver: "sandbox", Sandbox: cfg}.Document()
+	if err != nil {
+		re.t.Fatal(err)
+	}
+	env, err := db.CreateEnvironment(ctx, re.pool, db.NewEnvironment{ID: "6f0d3a52-7a0f-4e47-9d43-000000000002", CompanyID: re.r.A.ID,
+		Name: "sandbox", Driver: "sandbox", Config: doc})
+	if err != nil {
+		re.t.Fatal(err)
+	}
+	if _, err := db.CreateImageVersion(ctx, re.pool, db.NewImageVersion{CompanyID: re.r.A.ID, EnvironmentID: env.ID,
+		Digest: workspace.Manifest{}.Digest(), Status: db.ImageActive}); err != nil {
+		re.t.Fatal(err)
+	}
+	if _, err := re.pool.Exec(ctx, `UPDATE projects SET execution_policy = jsonb_set(execution_policy, '{environment_id}', to_jsonb($1::text))
+		WHERE id = $2`, env.ID, re.project); err != nil {
+		re.t.Fatal(err)
+	}
+	return env.ID
+}
+
+// TestRunSandboxLowTrust: a low-trust task runs in the sandbox (uid 1000, /workspace, no data
+// dir, no network), and finalize commits what it wrote on the task branch.
+func TestRunSandboxLowTrust(t *testing.T) {
+	t.Parallel()
+	re := setupRuns(t)
+	re.workspaceWith("")
+	re.useSandbox(environment.SandboxConfig{MemoryMB: 512, PidsMax: 256, TimeoutS: 120})
+	task := re.task(`id -u > who.txt && pwd >> who.txt && ! ls ` + re.dataDir + ` 2>/dev/null && ! ls /root 2>/dev/null && ` +
+		`! python3 -c 'import socket; socket.create_connection(("127.0.0.1", 1), 1)' 2>/dev/null && echo done`)
+	if _, err := re.pool.Exec(context.Background(), `UPDATE tasks SET trust = 'low' WHERE id = $1`, task.ID); err != nil {
+		t.Fatal(err)
+	}
+	id := re.start(task.ID, nil)
+	run := re.waitRun(id, "the end", ended)
+	if run["status"] != "succeeded" {
+		_, logText := re.call(re.r.Board, http.MethodGet, "/api/runs/"+id+"/log", nil)
+		t.Fatalf("run = %v log %v", run, logText)
+	}
+	if fin, _ := re.settled(run); fin != "settled" {
+		t.Fatalf("finalize = %q", fin)
+	}
+	if got := gitOut(t, re.repo, "show", "berth/PRJ-1:who.txt"); got != "1000\n/workspace" {
+		t.Fatalf("who.txt on the task branch = %q", got)
+	}
+}

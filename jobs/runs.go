@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -118,6 +119,11 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 	if w.deps.DataDir != "" {
 		opts.Masks = append([]string{w.deps.DataDir}, opts.Masks...)
 	}
+	if cfg.Driver == environment.DriverSandbox {
+		if opts.ImageDir, err = w.imageLayer(ctx, env); err != nil {
+			return nil, err
+		}
+	}
 	if w.deps.HomeDir != "" {
 		opts.Home = filepath.Join(w.deps.HomeDir, env.ID)
 		if err := os.MkdirAll(opts.Home, 0o700); err != nil {
@@ -125,6 +131,19 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 		}
 	}
 	return environment.New(cfg, opts)
+}
+
+// imageLayer is the host directory of a sandbox environment's active image version:
+// <data dir>/images/<environment id>/<number> (version 1, the empty layer, is made on first use).
+func (w runWorker) imageLayer(ctx context.Context, env db.Environment) (string, error) {
+	if w.deps.DataDir == "" {
+		return "", fmt.Errorf("run environment: sandboxes need the data dir")
+	}
+	v, err := db.ActiveImageVersion(ctx, w.deps.Pool, env.CompanyID, env.ID)
+	if err != nil {
+		return "", fmt.Errorf("run environment: the sandbox has no active image version: %w", err)
+	}
+	return filepath.Join(w.deps.DataDir, "images", env.ID, strconv.Itoa(v.Number)), nil
 }
 
 // inJail completes a command for workspace ws with what its jail needs: a private HOME per

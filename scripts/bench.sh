@@ -15,6 +15,8 @@ run ./handlers/ 'BenchmarkLogin$|BenchmarkMeToken$' 2s
 run ./handlers/ 'BenchmarkTaskListPage|BenchmarkPlanAPI|BenchmarkTaskPage' 1000x
 run ./handlers/ 'BenchmarkAdmissionToStartShared' 50x
 run ./handlers/ 'BenchmarkAdmissionToStartWorktree' 5x
+run ./handlers/ 'BenchmarkAdmissionToStartContainment|BenchmarkAdmissionToStartSandbox' 50x
+run ./environment/ 'BenchmarkJailStart' 300x
 run ./jobs/ 'BenchmarkRiverPickup' 500x
 run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
 run ./workspace/ '.' 1x
@@ -38,6 +40,12 @@ for w in tmpfs disk; do
 done
 shared=$(metric BenchmarkAdmissionToStartShared p50-ms)
 [ -n "$shared" ] && echo "shared workspace admission-to-start p50: ${shared} ms (goal <= 50 ms)"
+added=$(metric BenchmarkAdmissionToStartContainment added-p50-ms); jailed=$(metric BenchmarkAdmissionToStartContainment jail-p50-ms)
+[ -n "$added" ] && echo "local shared admission-to-start, jailed p50: ${jailed} ms, the jail adds ${added} ms p50 over containment none (goal <= 10 ms added, <= 25 ms jailed)"
+sb=$(metric BenchmarkAdmissionToStartSandbox p50-ms)
+[ -n "$sb" ] && echo "sandbox isolated worktree (small repo) admission-to-start p50: ${sb} ms (goal <= 50 ms)"
+jr=$(metric BenchmarkJailStart ratio-p50)
+[ -n "$jr" ] && echo "Berth's jailed exec of true vs bare bwrap true, p50: ${jr}x (goal <= 1.5x)"
 pickup=$(metric BenchmarkRiverPickup p50-ms)
 [ -n "$pickup" ] && echo "River pickup p50: ${pickup} ms"
 exit 0
