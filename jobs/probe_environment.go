@@ -36,7 +36,7 @@ func (ProbeEnvironmentArgs) InsertOpts() river.InsertOpts {
 }
 
 // Qualification is the document a probe writes into environments.qualification (server-written
-// only; DESIGN §3, §8). It holds for ConfigFingerprint alone: any change of driver, settings,
+// only; docs/api.md, "Environments"). It holds for ConfigFingerprint alone: any change of driver, settings,
 // secrets or active image gives another fingerprint and clears it.
 type Qualification struct {
 	OK                bool                `json:"ok"`

@@ -1,5 +1,5 @@
 -- Image versions: the numbered filesystem layers a sandbox environment mounts at /opt/image
--- (DESIGN §3, §8). Exactly one version of an environment is active at a time; rollback activates an
+-- (docs/api.md, "Environments"). Exactly one version of an environment is active at a time; rollback activates an
 -- earlier available one. A version's digest is the capsule tree digest of its layer
 -- (workspace.Manifest.Digest), empty only while it is building or after it failed.
 
