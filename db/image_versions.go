@@ -129,18 +129,3 @@ func ActiveImageDigest(ctx context.Context, q Querier, companyID, environmentID 
 	}
 	return v.Digest, nil
 }
-
-// SetEnvironmentQualification writes the server's probe result into an environment's
-// qualification. The caller checks, under the row lock, that the result was earned for the
-// environment's current fingerprint; updated_at (the last edit) is left alone.
-func SetEnvironmentQualification(ctx context.Context, q Querier, companyID, environmentID string, doc []byte) error {
-	tag, err := q.Exec(ctx, `UPDATE environments SET qualification = $3 WHERE company_id = $1 AND id = $2`,
-		companyID, environmentID, doc)
-	if err != nil {
-		return fmt.Errorf("qualify environment %s: %w", environmentID, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("qualify environment %s: %w", environmentID, ErrNotFound)
-	}
-	return nil
-}
