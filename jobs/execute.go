@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,9 +61,25 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	if err != nil {
 		return w.failRun(ctx, run, db.RunFailed, codeEnvironment, err.Error())
 	}
+	if c, ok := drv.(io.Closer); ok {
+		defer c.Close()
+	}
 	root, err := w.workspaceRoot(ws)
 	if err != nil {
 		return w.failRun(ctx, run, db.RunFailed, codeExecutorFailure, "The workspace directory is not managed by this node.")
+	}
+	dir := root
+	if environment.Remote(drv) {
+		if dir, err = w.realizeRemote(ctx, run, ws, lease, drv, root); err != nil {
+			code := codeRealizeFailed
+			switch {
+			case errors.Is(err, environment.ErrHostKeyMismatch):
+				code = codeHostKeyMismatch
+			case errors.Is(err, db.ErrFenced):
+				code = codeLeaseLost
+			}
+			return w.failRun(ctx, run, db.RunFailed, code, "Preparing the remote workspace failed: "+err.Error())
+		}
 	}
 	token, hash, err := db.NewToken()
 	if err != nil {
@@ -85,10 +103,13 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	log := environment.NewLogBuffer(environment.LogOptions{FlushInterval: logFlush, OnWrite: func(s environment.LogSnapshot) {
 		_ = db.SetRunLog(context.WithoutCancel(ctx), w.deps.Pool, run.ID, s.Data, s.Total, s.Truncated)
 	}})
-	req, err := w.inJail(ctx, ws, environment.ExecRequest{Command: run.Command, Dir: root, Log: log, Tag: run.ID,
+	req := environment.ExecRequest{Command: run.Command, Dir: dir, Log: log, Tag: run.ID,
 		Timeout: time.Duration(run.TimeoutS) * time.Second,
 		Env: map[string]string{"BERTH_RUN_TOKEN": token, "BERTH_API_URL": w.deps.APIURL, "BERTH_TASK_ID": run.TaskID,
-			"BERTH_WORKSPACE_ID": ws.ID}})
+			"BERTH_WORKSPACE_ID": ws.ID}}
+	if !environment.Remote(drv) { // the remote host is the boundary there; the jail is for this one
+		req, err = w.inJail(ctx, ws, req)
+	}
 	var res environment.ExecResult
 	var execErr error
 	if err != nil {
@@ -128,6 +149,34 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 		}
 		return w.enqueueFinalize(bg, tx, run)
 	})
+}
+
+// codeHostKeyMismatch fails a run on an ssh host whose key is not the pinned one.
+const codeHostKeyMismatch = "host_key_mismatch"
+
+// realizeRemote acquires the lease's instance on a remote driver (one per lease generation),
+// records it in the lease row so finalize and cleanup find it after a crash, and uploads the
+// workspace there (operation upload). It returns the remote directory commands run in.
+func (w *ExecuteRunWorker) realizeRemote(ctx context.Context, run db.Run, ws db.ExecutionWorkspace, lease db.Lease,
+	drv environment.Driver, root string) (string, error) {
+	inst, err := drv.Acquire(ctx, environment.AcquireRequest{Key: lease.ID + ":" + strconv.FormatInt(lease.Generation, 10), Tag: run.ID})
+	if err != nil {
+		return "", err
+	}
+	if _, err := db.SetLeaseProviderRef(ctx, w.deps.Pool, lease.ID, lease.Generation, inst.Ref); err != nil {
+		return "", err
+	}
+	var real environment.Realization
+	err = w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
+		TaskID: run.TaskID, Phase: "upload", Command: "upload workspace"}, func(log *environment.LogBuffer) (*int, error) {
+		var err error
+		real, err = drv.Realize(ctx, environment.RealizeRequest{Instance: inst, WorkspaceRef: ws.Ref, HostPath: root})
+		if err == nil {
+			fmt.Fprintf(log, "uploaded the workspace to %s (%s)\n", real.Root, inst.Ref)
+		}
+		return nil, err
+	})
+	return real.Root, err
 }
 
 // errLeaseLost ends a command whose lease was fenced or expired.

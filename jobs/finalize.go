@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/riverqueue/river"
 
@@ -63,6 +64,9 @@ func (w *FinalizeWorker) finalize(ctx context.Context, run db.Run) error {
 		}
 		if ws.FinalizeState == "settled" && run.LeaseID == "" {
 			return nil
+		}
+		if err := w.syncRemote(ctx, run, ws); err != nil {
+			return err
 		}
 		if err := w.collect(ctx, run, ws); err != nil {
 			return err
@@ -128,7 +132,74 @@ func (w *FinalizeWorker) collect(ctx context.Context, run db.Run, ws db.Executio
 	return nil
 }
 
-// release gives the run's lease back; the local driver has nothing to clean up.
+// remoteInstance is the instance a lease occupies on a remote (ssh) host, as execute_run recorded
+// it; ok is false for leases of this host's drivers.
+func remoteInstance(lease db.Lease) (environment.Instance, bool) {
+	if !strings.HasPrefix(lease.ProviderRef, environment.DriverSSH+":") {
+		return environment.Instance{}, false
+	}
+	return environment.Instance{Driver: environment.DriverSSH, Ref: lease.ProviderRef}, true
+}
+
+// releaseRemote stops what is left of the lease's commands on its remote host, removes the
+// remote workspace and closes the connection (environment.Driver.Release). Leases of this host's
+// drivers have nothing there.
+func (w runWorker) releaseRemote(ctx context.Context, lease db.Lease) error {
+	inst, ok := remoteInstance(lease)
+	if !ok {
+		return nil
+	}
+	drv, err := w.driverFor(ctx, db.Run{CompanyID: lease.CompanyID, EnvironmentID: lease.EnvironmentID})
+	if err != nil {
+		return err
+	}
+	if c, ok := drv.(io.Closer); ok {
+		defer c.Close()
+	}
+	return drv.Release(ctx, inst)
+}
+
+// syncRemote brings the remote copy of a run's workspace back into the local one (operation
+// download) before it is committed or packed, for a run that started on a remote host. A retry
+// downloads again: the remote copy stays until the lease's release.
+func (w *FinalizeWorker) syncRemote(ctx context.Context, run db.Run, ws db.ExecutionWorkspace) error {
+	if run.LeaseID == "" || run.StartedAt == nil {
+		return nil // the command never ran: nothing changed there
+	}
+	lease, err := db.LeaseByID(ctx, w.deps.Pool, run.CompanyID, run.LeaseID)
+	if errors.Is(err, db.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	inst, ok := remoteInstance(lease)
+	if !ok || lease.CleanupStatus == db.LeaseCleanupSucceeded {
+		return nil // a local run, or the remote copy is already gone
+	}
+	root, err := w.workspaceRoot(ws)
+	if err != nil {
+		return err
+	}
+	drv, err := w.driverFor(ctx, run)
+	if err != nil {
+		return err
+	}
+	if c, ok := drv.(io.Closer); ok {
+		defer c.Close()
+	}
+	return w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
+		TaskID: run.TaskID, Phase: "download", Command: "download workspace"}, func(log *environment.LogBuffer) (*int, error) {
+		err := drv.Sync(ctx, environment.SyncRequest{Instance: inst, HostPath: root})
+		if err == nil {
+			fmt.Fprintf(log, "applied the remote workspace (%s)\n", inst.Ref)
+		}
+		return nil, err
+	})
+}
+
+// release gives the run's lease back and cleans up after it: on a remote host that is the
+// remote workspace (releaseRemote); the local driver has nothing to clean up.
 func (w *FinalizeWorker) release(ctx context.Context, run db.Run) error {
 	lease, err := db.LeaseByID(ctx, w.deps.Pool, run.CompanyID, run.LeaseID)
 	if errors.Is(err, db.ErrNotFound) {
@@ -143,6 +214,9 @@ func (w *FinalizeWorker) release(ctx context.Context, run db.Run) error {
 		}
 	}
 	if lease.CleanupStatus == "pending" {
+		if err := w.releaseRemote(ctx, lease); err != nil {
+			return err
+		}
 		if _, err := db.MarkLeaseCleanup(ctx, w.deps.Pool, lease.ID, lease.Generation, true, ""); err != nil {
 			return err
 		}

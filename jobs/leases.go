@@ -148,11 +148,16 @@ func (w *CleanupLeaseWorker) Work(ctx context.Context, job *river.Job[CleanupLea
 	return nil
 }
 
-// cleanup stops what the lease's run left running on this host. Runs execute on the local
-// driver, so that is every process tagged with the run id. A run that executed on another node
+// cleanup stops what the lease's run left running: on a remote host through the driver's
+// Release, on this host every process tagged with the run id. A run that executed on another node
 // cannot be reached from here: its executor stops its command when the fenced lease fails its
 // next heartbeat, and a dead node's processes die with it or are killed by its startup sweep.
 func (w *CleanupLeaseWorker) cleanup(ctx context.Context, lease db.Lease) error {
+	// A remote host is reachable from any node: its workspace and what is left of the run's
+	// processes there go with the instance's release.
+	if err := (runWorker{deps: w.deps}).releaseRemote(ctx, lease); err != nil {
+		return fmt.Errorf("cleanup lease %s: release the remote instance: %w", lease.ID, err)
+	}
 	if lease.RunID == "" {
 		return nil
 	}
