@@ -65,6 +65,8 @@ type SSHConfig struct {
 	Port    int
 	User    string
 	HostKey string
+	// BaseDir is where workspaces live on the remote ("" = DefaultSSHBaseDir).
+	BaseDir string
 }
 
 // SandboxConfig is the bubblewrap sandbox's network switch and resource limits.
@@ -114,7 +116,7 @@ type FieldErrors map[string]string
 func allowedKeys(driver string) []string {
 	switch driver {
 	case DriverSSH:
-		return []string{"host", "port", "user", "private_key", "host_key", "env"}
+		return []string{"host", "port", "user", "private_key", "host_key", "base_dir", "env"}
 	case DriverLocal:
 		return []string{"containment", "mask", "env"}
 	case DriverSandbox:

@@ -36,6 +36,7 @@ type sshDoc struct {
 	Port    int      `json:"port"`
 	User    string   `json:"user"`
 	HostKey string   `json:"host_key"`
+	BaseDir string   `json:"base_dir,omitempty"`
 	Env     []envDoc `json:"env"`
 }
 
@@ -57,7 +58,7 @@ func (c Config) doc() any {
 	}
 	switch c.Driver {
 	case DriverSSH:
-		return sshDoc{Host: c.SSH.Host, Port: c.SSH.Port, User: c.SSH.User, HostKey: c.SSH.HostKey, Env: env}
+		return sshDoc{Host: c.SSH.Host, Port: c.SSH.Port, User: c.SSH.User, HostKey: c.SSH.HostKey, BaseDir: c.SSH.BaseDir, Env: env}
 	case DriverSandbox:
 		s := c.Sandbox
 		return sandboxDoc{Network: s.Network, SetupNetwork: s.SetupNetwork, MemoryMB: s.MemoryMB, CPUs: s.CPUs,
@@ -117,7 +118,7 @@ func Load(driver string, doc []byte) (Config, error) {
 	case DriverSSH:
 		var d sshDoc
 		err = strictUnmarshal(doc, &d)
-		c.SSH, env = SSHConfig{Host: d.Host, Port: d.Port, User: d.User, HostKey: d.HostKey}, d.Env
+		c.SSH, env = SSHConfig{Host: d.Host, Port: d.Port, User: d.User, HostKey: d.HostKey, BaseDir: d.BaseDir}, d.Env
 	case DriverSandbox:
 		var d sandboxDoc
 		err = strictUnmarshal(doc, &d)

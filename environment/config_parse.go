@@ -248,7 +248,27 @@ func (p *parser) ssh(stored *Secrets) (SSHConfig, string) {
 			c.HostKey = k
 		}
 	}
+	if raw, ok := p.member("base_dir"); ok {
+		var b string
+		if json.Unmarshal(raw, &b) != nil || !validBaseDir(b) {
+			p.fail("base_dir", `must be an absolute path or one under "~/" (the remote user's home), without ".." or control characters`)
+		} else {
+			c.BaseDir = b
+		}
+	}
 	return c, p.privateKey(stored)
+}
+
+// validBaseDir accepts an absolute clean path, or "~/" and a clean relative path, below the root.
+func validBaseDir(b string) bool {
+	if len(b) > 1024 || strings.ContainsFunc(b, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return false
+	}
+	rest, home := strings.CutPrefix(b, "~/")
+	if home {
+		return rest != "" && filepath.IsLocal(rest) && filepath.Clean(rest) == rest
+	}
+	return filepath.IsAbs(b) && filepath.Clean(b) == b && b != "/"
 }
 
 // privateKey reads a new private key, or keeps the stored one when it is absent or {"set": true}.

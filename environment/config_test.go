@@ -75,6 +75,13 @@ func TestParseLocal(t *testing.T) {
 		{"env keep non-secret", `{"env":[{"name":"A","value":{"set":true}}]}`, "env[0].value"},
 		{"env keep with nothing stored", `{"env":[{"name":"A","secret":true,"value":{"set":true}}]}`, "env[0].value"},
 		{"env secret not bool", `{"env":[{"name":"A","secret":"yes","value":"x"}]}`, "env[0].secret"},
+		{"containment jail", `{"containment":"jail"}`, "-"},
+		{"containment none", `{"containment":"none","mask":["/srv/secrets","/opt/keys"]}`, "-"},
+		{"containment unknown", `{"containment":"off"}`, "containment"},
+		{"mask not a list", `{"mask":"/srv"}`, "mask"},
+		{"mask relative", `{"mask":["srv"]}`, "mask[0]"},
+		{"mask root", `{"mask":["/"]}`, "mask[0]"},
+		{"mask unclean", `{"mask":["/srv/../etc"]}`, "mask[0]"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -177,6 +184,12 @@ func TestParseSSH(t *testing.T) {
 		{"known_hosts line", valid(func(m map[string]any) { m["host_key"] = "build-1.example.com " + keys.public }), "-"},
 		{"key with comment", valid(func(m map[string]any) { m["host_key"] = keys.public + " root@build-1" }), "-"},
 		{"port", valid(func(m map[string]any) { m["port"] = 2222 }), "-"},
+		{"base dir absolute", valid(func(m map[string]any) { m["base_dir"] = "/srv/berth" }), "-"},
+		{"base dir in home", valid(func(m map[string]any) { m["base_dir"] = "~/work/berth" }), "-"},
+		{"base dir relative", valid(func(m map[string]any) { m["base_dir"] = "work" }), "base_dir"},
+		{"base dir escapes home", valid(func(m map[string]any) { m["base_dir"] = "~/../etc" }), "base_dir"},
+		{"base dir root", valid(func(m map[string]any) { m["base_dir"] = "/" }), "base_dir"},
+		{"containment on ssh", valid(func(m map[string]any) { m["containment"] = "none" }), "containment"},
 		{"missing host", valid(func(m map[string]any) { delete(m, "host") }), "host"},
 		{"scheme", valid(func(m map[string]any) { m["host"] = "ssh://build-1" }), "host"},
 		{"space", valid(func(m map[string]any) { m["host"] = "build 1" }), "host"},

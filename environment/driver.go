@@ -187,7 +187,7 @@ func New(cfg Config, opts Options) (Driver, error) {
 	case DriverSandbox:
 		return newSandbox(cfg, opts)
 	case DriverSSH:
-		return nil, fmt.Errorf("new driver: %s environments are not supported yet: %w", cfg.Driver, ErrDriverUnavailable)
+		return newSSH(cfg, opts)
 	default:
 		return nil, fmt.Errorf("new driver: unknown driver %q: %w", cfg.Driver, ErrDriverUnavailable)
 	}

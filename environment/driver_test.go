@@ -21,7 +21,7 @@ func TestNew(t *testing.T) {
 	} else if _, ok := d.(*sandbox); !ok {
 		t.Fatalf("New(sandbox) = %#v", d)
 	}
-	for _, driver := range []string{DriverSSH, "docker", ""} {
+	for _, driver := range []string{"docker", ""} {
 		if d, err := New(Config{Driver: driver}, Options{}); !errors.Is(err, ErrDriverUnavailable) || d != nil {
 			t.Errorf("New(%q) = %v, %v; want ErrDriverUnavailable", driver, d, err)
 		}
@@ -38,6 +38,7 @@ func TestNew(t *testing.T) {
 		{"reserved variable", Config{Driver: DriverLocal, Env: []EnvVar{{Name: "DATABASE_URL", Value: "x"}}}, Options{}},
 		{"relative home", Config{Driver: DriverLocal}, Options{Home: "home"}},
 		{"sandbox without an image layer", Config{Driver: DriverSandbox}, Options{}},
+		{"ssh without a host", Config{Driver: DriverSSH}, Options{}},
 	}
 	for _, c := range bad {
 		if _, err := New(c.cfg, c.opts); !errors.Is(err, ErrInvalidRequest) {

@@ -2,6 +2,7 @@ package environment
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -116,7 +117,7 @@ func newSSH(cfg Config, opts Options) (*sshDriver, error) {
 	}
 	port := strconv.Itoa(c.Port)
 	d := &sshDriver{cfg: c, addr: net.JoinHostPort(c.Host, port), prefix: "ssh:" + c.Host + ":" + port,
-		signer: signer, hostKey: hostKey, env: env, baseDir: DefaultSSHBaseDir, grace: opts.Grace,
+		signer: signer, hostKey: hostKey, env: env, baseDir: cmp.Or(cfg.SSH.BaseDir, DefaultSSHBaseDir), grace: opts.Grace,
 		keepalive: sshKeepalive, dialTimeout: sshDialTimeout, drainWait: drainWait,
 		conns: map[string]*sshConn{}, roots: map[string]sshRoot{}}
 	if d.grace <= 0 {

@@ -80,6 +80,9 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 			}
 			return w.failRun(ctx, run, db.RunFailed, code, "Preparing the remote workspace failed: "+err.Error())
 		}
+		if err := w.remoteSetup(ctx, run, ws, drv, dir); err != nil {
+			return w.failRun(ctx, run, db.RunFailed, codeSetupFailed, "The setup command failed: "+err.Error())
+		}
 	}
 	token, hash, err := db.NewToken()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -178,30 +179,64 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 	return ws, err
 }
 
-// setup runs the project workspace's setup command in the workspace, as a ledger step.
+// setup runs the project workspace's setup command in the workspace, as a ledger step. On a
+// remote driver (ssh) it runs on the remote, after execute_run has uploaded the workspace
+// (remoteSetup), so here it is left for then.
 func (w *ProvisionWorker) setup(ctx context.Context, run db.Run, ws db.ExecutionWorkspace, pw db.ProjectWorkspace, plan workspace.Plan) error {
-	if !plan.HostScriptsAllowed {
-		return w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
-			TaskID: run.TaskID, Phase: "setup", Command: pw.SetupCommand}, func(log *environment.LogBuffer) (*int, error) {
-			fmt.Fprintln(log, "skipped: the plan does not allow host setup scripts")
-			return nil, nil
-		})
-	}
 	drv, err := w.driverFor(ctx, run)
 	if err != nil {
 		return err
+	}
+	if c, ok := drv.(io.Closer); ok {
+		defer c.Close()
+	}
+	if environment.Remote(drv) {
+		return nil
 	}
 	root, err := w.workspaceRoot(ws)
 	if err != nil {
 		return err
 	}
-	return w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
-		TaskID: run.TaskID, Phase: "setup", Command: pw.SetupCommand}, func(log *environment.LogBuffer) (*int, error) {
-		req, err := w.inJail(ctx, ws, environment.ExecRequest{Command: pw.SetupCommand, Dir: root, Log: log,
-			Tag: run.ID, Timeout: setupTimeout,
-			Env: map[string]string{"BERTH_TASK_ID": run.TaskID, "BERTH_WORKSPACE_ID": ws.ID}})
-		if err != nil {
-			return nil, err
+	return w.setupStep(ctx, run, ws, pw, plan, drv, root)
+}
+
+// remoteSetup runs the setup command of a run on a remote driver in the uploaded workspace at
+// dir, unless there is none or it already succeeded for this run.
+func (w runWorker) remoteSetup(ctx context.Context, run db.Run, ws db.ExecutionWorkspace, drv environment.Driver, dir string) error {
+	pw, err := db.ProjectWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, ws.ProjectWorkspaceID)
+	if err != nil {
+		return err
+	}
+	if pw.SetupCommand == "" || db.RunStepSucceeded(ctx, w.deps.Pool, run.ID, "setup") {
+		return nil
+	}
+	plan, err := planOf(run)
+	if err != nil {
+		return err
+	}
+	return w.setupStep(ctx, run, ws, pw, plan, drv, dir)
+}
+
+// setupStep is the setup ledger step: skipped when the plan forbids host scripts, else the
+// command through drv in dir (the jail on this host; the remote directory on ssh).
+func (w runWorker) setupStep(ctx context.Context, run db.Run, ws db.ExecutionWorkspace, pw db.ProjectWorkspace, plan workspace.Plan,
+	drv environment.Driver, dir string) error {
+	op := db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
+		TaskID: run.TaskID, Phase: "setup", Command: pw.SetupCommand}
+	if !plan.HostScriptsAllowed {
+		return w.operation(ctx, op, func(log *environment.LogBuffer) (*int, error) {
+			fmt.Fprintln(log, "skipped: the plan does not allow host setup scripts")
+			return nil, nil
+		})
+	}
+	return w.operation(ctx, op, func(log *environment.LogBuffer) (*int, error) {
+		req := environment.ExecRequest{Command: pw.SetupCommand, Dir: dir, Log: log, Tag: run.ID, Timeout: setupTimeout,
+			Env: map[string]string{"BERTH_TASK_ID": run.TaskID, "BERTH_WORKSPACE_ID": ws.ID}}
+		if !environment.Remote(drv) {
+			var err error
+			if req, err = w.inJail(ctx, ws, req); err != nil {
+				return nil, err
+			}
 		}
 		res, err := drv.Exec(ctx, req)
 		if err != nil && res.Started.IsZero() {
