@@ -20,6 +20,10 @@ type ServiceDefinition struct {
 	ReadyTimeoutS int    `json:"ready_timeout_s"`
 	StopPolicy    string `json:"stop_policy"`
 	Lifecycle     string `json:"lifecycle"`
+	// StripPrefix false passes /preview/{id}/… to the service unchanged (nil or true: stripped).
+	StripPrefix *bool `json:"strip_prefix,omitempty"`
+	// IdleTimeoutM is the idle_timeout policy's minutes without a proxied request (0 = 30).
+	IdleTimeoutM int `json:"idle_timeout_m,omitempty"`
 }
 
 // ProjectWorkspace is where a project's code lives: a git repository (local path or URL) or a
