@@ -1,6 +1,7 @@
 package environment
 
 import (
+	"berth/environment/sshtest"
 	"bytes"
 	"context"
 	"crypto/ed25519"
@@ -10,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -25,155 +25,22 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-const sshdPath = "/usr/sbin/sshd"
-
-// testSSHD is a real OpenSSH server on loopback, started for one test: its own host key, one
-// authorized client key, and a base directory for remote workspaces. The remote host is this
-// machine, so tests look at remote files and processes directly.
-type testSSHD struct {
-	port      int
-	hostKey   string // authorized_keys form
-	clientKey string // PEM
-	base      string
-	pid       int
-	log       *bytes.Buffer
-}
-
-// startSSHD starts sshd -D on a free loopback port and stops it when the test ends. Without
-// sshd the test is skipped, except under CI, where that is a failure.
-func startSSHD(t *testing.T) *testSSHD {
-	t.Helper()
-	if _, err := os.Stat(sshdPath); err != nil {
-		if os.Getenv("CI") == "" {
-			t.Skip("openssh-server is not installed (" + sshdPath + ")")
-		}
-		t.Fatalf("CI needs openssh-server: %v", err)
-	}
-	dir := t.TempDir()
-	keygen := func(name string) {
-		out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", filepath.Join(dir, name)).CombinedOutput()
-		if err != nil {
-			t.Fatalf("ssh-keygen: %v: %s", err, out)
-		}
-	}
-	keygen("host_key")
-	keygen("client_key")
-	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
-	s := &testSSHD{clientKey: read("client_key"), base: filepath.Join(t.TempDir(), "workspaces")}
-	pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(read("host_key.pub")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.hostKey = strings.TrimSpace(string(ssh.MarshalAuthorizedKey(pub)))
-	if err := os.WriteFile(filepath.Join(dir, "authorized_keys"), []byte(read("client_key.pub")), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if os.Geteuid() == 0 {
-		if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for attempt := 0; ; attempt++ {
-		err := s.start(t, dir)
-		if err == nil {
-			return s
-		}
-		if attempt == 2 {
-			t.Fatalf("sshd did not start: %v\n%s", err, s.log)
-		}
-	}
-}
-
-// start writes the config for a fresh port and runs sshd until it accepts connections.
-func (s *testSSHD) start(t *testing.T, dir string) error {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.port = l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cfg := filepath.Join(dir, "sshd_config")
-	conf := fmt.Sprintf(`ListenAddress 127.0.0.1
-Port %d
-HostKey %s
-AuthorizedKeysFile %s
-PidFile %s
-UsePAM no
-StrictModes no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-MaxStartups 100
-MaxSessions 100
-LogLevel ERROR
-`, s.port, filepath.Join(dir, "host_key"), filepath.Join(dir, "authorized_keys"), filepath.Join(dir, "sshd.pid"))
-	// OpenSSH 9.8 and later penalize sources whose connections fail (as the wrong-key probe does);
-	// older servers do not know the setting.
-	if err := os.WriteFile(cfg, []byte(conf+"PerSourcePenalties no\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if exec.Command(sshdPath, "-t", "-f", cfg).Run() != nil {
-		if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s.log = &bytes.Buffer{}
-	cmd := exec.Command(sshdPath, "-D", "-e", "-f", cfg)
-	cmd.Stdout, cmd.Stderr = s.log, s.log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	deadline := time.Now().Add(testDeadline)
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return errors.New("sshd exited")
-		default:
-		}
-		if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)), time.Second); err == nil {
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			banner := make([]byte, 4)
-			_, rerr := c.Read(banner)
-			c.Close()
-			if rerr == nil && string(banner) == "SSH-" {
-				s.pid = cmd.Process.Pid
-				return nil
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	_ = cmd.Process.Kill()
-	return errors.New("sshd did not accept connections before the deadline")
-}
-
 // driver is an ssh driver for the server, signed in as the current user, with a configured and
 // a secret variable.
-func (s *testSSHD) driver(t *testing.T, hostKey string) *sshDriver {
+func driverFor(t *testing.T, s *sshtest.Server, hostKey string) *sshDriver {
 	t.Helper()
 	u, err := user.Current()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Driver: DriverSSH, SSH: SSHConfig{Host: "127.0.0.1", Port: s.port, User: u.Username, HostKey: hostKey},
+	cfg := Config{Driver: DriverSSH, SSH: SSHConfig{Host: "127.0.0.1", Port: s.Port, User: u.Username, HostKey: hostKey},
 		Env: []EnvVar{{Name: "CONFIGURED", Value: "from config"}, {Name: "SECRET_VALUE", Secret: true}}}
 	d, err := newSSH(cfg, Options{Grace: time.Second,
-		Secrets: Secrets{PrivateKey: s.clientKey, Env: map[string]string{"SECRET_VALUE": "s3cret"}}})
+		Secrets: Secrets{PrivateKey: s.ClientKey, Env: map[string]string{"SECRET_VALUE": "s3cret"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.baseDir = s.base
+	d.baseDir = s.Base
 	t.Cleanup(func() { _ = d.Close() })
 	return d
 }
@@ -271,10 +138,10 @@ func sleepMarker() string {
 
 func TestSSHProbe(t *testing.T) {
 	t.Parallel()
-	s := startSSHD(t)
+	s := sshtest.Start(t)
 	ctx := t.Context()
 
-	res, err := s.driver(t, s.hostKey).Probe(ctx)
+	res, err := driverFor(t, s, s.HostKey).Probe(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +162,7 @@ func TestSSHProbe(t *testing.T) {
 	}
 
 	wrong := otherHostKey(t)
-	d := s.driver(t, wrong)
+	d := driverFor(t, s, wrong)
 	res, err = d.Probe(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -304,7 +171,7 @@ func TestSSHProbe(t *testing.T) {
 		!strings.Contains(res.Checks[0].Detail, "host_key_mismatch") || !strings.Contains(res.Summary, "host_key_mismatch") {
 		t.Fatalf("probe with a wrong pinned key = %+v, want only the failed host_key check", res)
 	}
-	for _, key := range []string{wrong, s.hostKey} {
+	for _, key := range []string{wrong, s.HostKey} {
 		blob := strings.Fields(key)[1]
 		if strings.Contains(res.Summary+res.Checks[0].Detail, blob) {
 			t.Fatalf("the probe result quotes key material: %+v", res)
@@ -313,26 +180,26 @@ func TestSSHProbe(t *testing.T) {
 	// Runs fail the same way, and the error names the condition, not the key.
 	_, err = d.Acquire(ctx, AcquireRequest{Key: "lease-1:1", Tag: "run"})
 	if !errors.Is(err, ErrHostKeyMismatch) || !strings.Contains(err.Error(), "host_key_mismatch") ||
-		strings.Contains(err.Error(), strings.Fields(s.hostKey)[1]) {
+		strings.Contains(err.Error(), strings.Fields(s.HostKey)[1]) {
 		t.Fatalf("Acquire with a wrong pinned key: %v", err)
 	}
 }
 
 func TestSSHRealizeExec(t *testing.T) {
 	t.Parallel()
-	s := startSSHD(t)
-	d := s.driver(t, s.hostKey)
+	s := sshtest.Start(t)
+	d := driverFor(t, s, s.HostKey)
 	ctx := t.Context()
 	inst, host, real := realized(t, d, map[string]string{"a.txt": "alpha\n", "sub/run.sh": "#!/bin/sh\necho ran\n",
 		"link": "->a.txt", ".git/config": "[core]\n", "sub/.git": "gitdir: elsewhere\n"})
 	if again, err := d.Acquire(ctx, AcquireRequest{Key: strings.TrimPrefix(inst.Ref, d.prefix+"/"), Tag: "run"}); err != nil || again != inst {
 		t.Fatalf("Acquire again = %+v, %v; want %+v", again, err, inst)
 	}
-	if !strings.HasPrefix(inst.Ref, "ssh:127.0.0.1:"+strconv.Itoa(s.port)+"/lease-") || inst.Driver != DriverSSH {
+	if !strings.HasPrefix(inst.Ref, "ssh:127.0.0.1:"+strconv.Itoa(s.Port)+"/lease-") || inst.Driver != DriverSSH {
 		t.Fatalf("instance %+v", inst)
 	}
-	if filepath.Dir(real.Root) != s.base {
-		t.Fatalf("Root %q is not below the base %q", real.Root, s.base)
+	if filepath.Dir(real.Root) != s.Base {
+		t.Fatalf("Root %q is not below the base %q", real.Root, s.Base)
 	}
 
 	// The copy on the remote: contents, the execute bit, the symlink; no .git.
@@ -350,7 +217,7 @@ func TestSSHRealizeExec(t *testing.T) {
 			t.Errorf("%s reached the remote: %v", g, err)
 		}
 	}
-	if entries, _ := filepath.Glob(filepath.Join(s.base, ".upload.*")); len(entries) != 0 {
+	if entries, _ := filepath.Glob(filepath.Join(s.Base, ".upload.*")); len(entries) != 0 {
 		t.Errorf("uploads left behind: %v", entries)
 	}
 
@@ -407,8 +274,8 @@ func TestSSHRealizeExec(t *testing.T) {
 // remote host, and in no file below the base directory.
 func TestSSHExecSecretsStayOffTheHost(t *testing.T) {
 	t.Parallel()
-	s := startSSHD(t)
-	d := s.driver(t, s.hostKey)
+	s := sshtest.Start(t)
+	d := driverFor(t, s, s.HostKey)
 	_, _, real := realized(t, d, map[string]string{"a.txt": "a\n"})
 	token := "tok-" + randomHex(16)
 	marker := sleepMarker()
@@ -433,7 +300,7 @@ func TestSSHExecSecretsStayOffTheHost(t *testing.T) {
 	if strings.Contains(string(ps), token) {
 		t.Fatalf("the token is in the process list:\n%s", ps)
 	}
-	if grep := exec.Command("grep", "-rqF", token, s.base); grep.Run() == nil {
+	if grep := exec.Command("grep", "-rqF", token, s.Base); grep.Run() == nil {
 		t.Fatal("the token is in a file below the base directory")
 	}
 	cancel()
@@ -445,15 +312,15 @@ func TestSSHExecSecretsStayOffTheHost(t *testing.T) {
 	case <-time.After(testDeadline):
 		t.Fatal("Exec did not return after the cancel")
 	}
-	if records, _ := filepath.Glob(filepath.Join(s.base, ".run", "*")); len(records) != 0 {
+	if records, _ := filepath.Glob(filepath.Join(s.Base, ".run", "*")); len(records) != 0 {
 		t.Errorf("process records left behind: %v", records)
 	}
 }
 
 func TestSSHExecCancelKillsTheGroup(t *testing.T) {
 	t.Parallel()
-	s := startSSHD(t)
-	d := s.driver(t, s.hostKey)
+	s := sshtest.Start(t)
+	d := driverFor(t, s, s.HostKey)
 	_, _, real := realized(t, d, map[string]string{"a.txt": "a\n"})
 	marker := sleepMarker()
 	ctx, cancel := context.WithCancel(t.Context())
@@ -497,8 +364,8 @@ func TestSSHExecCancelKillsTheGroup(t *testing.T) {
 // broke), the remote wrapper stops the command's group by itself.
 func TestSSHConnectionLossKillsTheGroup(t *testing.T) {
 	t.Parallel()
-	s := startSSHD(t)
-	d := s.driver(t, s.hostKey)
+	s := sshtest.Start(t)
+	d := driverFor(t, s, s.HostKey)
 	inst, _, real := realized(t, d, map[string]string{"a.txt": "a\n"})
 	marker := sleepMarker()
 	done := make(chan error, 1)
@@ -524,8 +391,8 @@ func TestSSHConnectionLossKillsTheGroup(t *testing.T) {
 
 func TestSSHExecTimeout(t *testing.T) {
 	t.Parallel()
-	s := startSSHD(t)
-	d := s.driver(t, s.hostKey)
+	s := sshtest.Start(t)
+	d := driverFor(t, s, s.HostKey)
 	d.grace = 300 * time.Millisecond
 	_, _, real := realized(t, d, map[string]string{"a.txt": "a\n"})
 	for name, command := range map[string]string{
@@ -549,8 +416,8 @@ func TestSSHExecTimeout(t *testing.T) {
 
 func TestSSHSync(t *testing.T) {
 	t.Parallel()
-	s := startSSHD(t)
-	d := s.driver(t, s.hostKey)
+	s := sshtest.Start(t)
+	d := driverFor(t, s, s.HostKey)
 	ctx := t.Context()
 	inst, host, real := realized(t, d, map[string]string{"a.txt": "alpha\n", "same.txt": "same\n",
 		"sub/gone.txt": "bye\n", "old/deep/x": "x\n", "keep.sock": "", ".git/config": "[core]\n"})
@@ -633,8 +500,8 @@ mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit`})
 
 func TestSSHRelease(t *testing.T) {
 	t.Parallel()
-	s := startSSHD(t)
-	d := s.driver(t, s.hostKey)
+	s := sshtest.Start(t)
+	d := driverFor(t, s, s.HostKey)
 	ctx := t.Context()
 	inst, host, real := realized(t, d, map[string]string{"a.txt": "a\n", "ro/f": "f\n"})
 	if err := os.Chmod(filepath.Join(real.Root, "ro"), 0o555); err != nil {
@@ -651,13 +518,13 @@ func TestSSHRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	record := filepath.Join(s.base, ".run", filepath.Base(real.Root)+".crashed")
+	record := filepath.Join(s.Base, ".run", filepath.Base(real.Root)+".crashed")
 	if err := os.WriteFile(record, fmt.Appendf(nil, "%d %d\n", left.Process.Pid, st.start), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
 	// A fresh driver (as in the cleanup job) releases by the instance alone.
-	fresh := s.driver(t, s.hostKey)
+	fresh := driverFor(t, s, s.HostKey)
 	for range 2 { // idempotent
 		if err := fresh.Release(ctx, inst); err != nil {
 			t.Fatal(err)
@@ -701,8 +568,8 @@ func TestSSHRelease(t *testing.T) {
 // the keepalive, and the next use dials a new one.
 func TestSSHKeepaliveDropsDeadConnection(t *testing.T) {
 	t.Parallel()
-	s := startSSHD(t)
-	d := s.driver(t, s.hostKey)
+	s := sshtest.Start(t)
+	d := driverFor(t, s, s.HostKey)
 	d.keepalive = 100 * time.Millisecond
 	inst, _, real := realized(t, d, map[string]string{"a.txt": "a\n"})
 	d.mu.Lock()
@@ -712,7 +579,7 @@ func TestSSHKeepaliveDropsDeadConnection(t *testing.T) {
 		t.Fatal("no connection for the instance")
 	}
 	// Freeze the server's per-connection processes: the connection stays open but silent.
-	frozen := descendants(s.pid)
+	frozen := descendants(s.PID)
 	if len(frozen) == 0 {
 		t.Fatal("sshd has no connection processes")
 	}
