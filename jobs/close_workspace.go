@@ -127,6 +127,12 @@ func (w *CloseWorkspaceWorker) Work(ctx context.Context, job *river.Job[CloseWor
 // workspace, dropping Berth's record of it). The task branch is never touched.
 func (w *CloseWorkspaceWorker) close(ctx context.Context, job *river.Job[CloseWorkspaceArgs], ws db.ExecutionWorkspace) error {
 	a := job.Args
+	// Services stop first: nothing may serve from a tree that is being removed.
+	if w.deps.Services != nil {
+		if err := w.deps.Services.StopWorkspace(ctx, ws.CompanyID, ws.ID, StopWorkspaceClosed, false); err != nil {
+			return fmt.Errorf("stop the workspace's services: %w", err)
+		}
+	}
 	managed := ws.Strategy != string(workspace.StrategyShared)
 	// The root is needed only by steps still to do: a retry after an attempt that removed it
 	// finds every step before the removal already done.

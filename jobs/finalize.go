@@ -72,6 +72,12 @@ func (w *FinalizeWorker) finalize(ctx context.Context, run db.Run) error {
 			return err
 		}
 	}
+	if run.ExecutionWorkspaceID != "" && w.deps.Services != nil {
+		// on_run_finish services end with the run (runtime_services.go).
+		if err := w.deps.Services.StopWorkspace(ctx, run.CompanyID, run.ExecutionWorkspaceID, StopRunFinished, true); err != nil {
+			return err
+		}
+	}
 	if run.LeaseID != "" {
 		if err := w.release(ctx, run); err != nil {
 			return err

@@ -48,11 +48,17 @@ type Deps struct {
 	// claim on NodeID (jobs/executing.go); NewClient makes one when it is nil. Pass the same one
 	// to SweepOrphans.
 	Executing *Executing
+	// Services runs this process's runtime services (runtime_services.go); Workers makes one
+	// when it is nil.
+	Services *Services
 }
 
 // Workers registers every job kind Berth knows.
 func Workers(d Deps) (*river.Workers, error) {
 	w := river.NewWorkers()
+	if d.Services == nil {
+		d.Services = NewServices(d)
+	}
 	if err := river.AddWorkerSafely(w, &HousekeepingWorker{deps: d}); err != nil {
 		return nil, fmt.Errorf("jobs: register housekeeping: %w", err)
 	}
@@ -86,6 +92,10 @@ func Workers(d Deps) (*river.Workers, error) {
 	// Environment probes (probe_environment.go).
 	if err := river.AddWorkerSafely(w, &ProbeEnvironmentWorker{runWorker: rw}); err != nil {
 		return nil, fmt.Errorf("jobs: register probe_environment: %w", err)
+	}
+	// Runtime services (runtime_services.go).
+	if err := river.AddWorkerSafely(w, &RuntimeServiceWorker{deps: d}); err != nil {
+		return nil, fmt.Errorf("jobs: register runtime_service: %w", err)
 	}
 	return w, nil
 }

@@ -123,7 +123,7 @@ func sweepOrphans(ctx context.Context, d Deps, startup bool) error {
 		errs = append(errs, err)
 	}
 	settled, err := s.settleOperations(ctx)
-	errs = append(errs, err, s.reportUnmanaged(ctx))
+	errs = append(errs, err, s.reportUnmanaged(ctx), s.sweepServices(ctx, startup))
 	level := slog.LevelDebug
 	if orphaned+reaped+int(settled) > 0 || startup {
 		level = slog.LevelInfo

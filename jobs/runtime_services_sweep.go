@@ -1,0 +1,98 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"berth/db"
+	"berth/environment"
+)
+
+// sweepServices reconciles this node's runtime services with the processes on this host (at
+// startup, and on every sweep for services an earlier process of the node started):
+//   - a live row whose process is still the recorded one (pid, start time and tag all match) and
+//     answers is adopted: left running as it is;
+//   - any other live row has whatever is left of its processes killed and is settled stopped
+//     (supervisor_gone), so no row says running on a dead port;
+//   - a row that should run and no longer does gets a start job (one server per service: a start
+//     kills anything still tagged with the service first);
+//   - processes tagged with a service whose row is not live are killed; processes tagged with an
+//     id this database does not know are only logged (another Berth may share the host);
+//   - running idle_timeout services without a proxied request for their timeout get a stop job.
+//
+// Rows this very process supervises are left to its watchers.
+func (s sweeper) sweepServices(ctx context.Context, startup bool) error {
+	rows, err := db.NodeRuntimeServices(ctx, s.deps.Pool, s.deps.NodeID)
+	if err != nil {
+		return err
+	}
+	self := s.deps.Executing.ClientID()
+	var errs []error
+	live := map[string]bool{}
+	for _, svc := range rows {
+		if self != "" && svc.SupervisorID == self {
+			live[svc.ID] = svc.Live()
+			continue
+		}
+		if svc.Live() {
+			if svc.Status == db.ServiceRunning && environment.ServiceAlive(svc.ID, svc.PID, svc.ProcessStart) &&
+				environment.CheckHealth(ctx, svc.Port, "/") == nil {
+				live[svc.ID] = true
+				continue
+			}
+			if err := environment.StopService(ctx, svc.ID, 0, svc.Port, killGrace); err != nil {
+				errs = append(errs, err)
+				live[svc.ID] = true
+				continue
+			}
+			settled, err := db.MarkRuntimeServiceEnded(ctx, s.deps.Pool, svc.ID, svc.Generation, db.ServiceEnd{Status: db.ServiceStopped,
+				StopReason: stopSupervisorGone, LogExcerpt: svc.LogExcerpt, Restarts: svc.Restarts})
+			if errors.Is(err, db.ErrServiceState) {
+				continue // moved on meanwhile
+			}
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			svc = settled
+			s.log.InfoContext(ctx, "service settled", "service_id", svc.ID, "reason", stopSupervisorGone)
+		}
+		if svc.DesiredState == db.DesiredRunning && (svc.Status == db.ServiceStopped ||
+			svc.Status == db.ServiceFailed && svc.StopReason == stopCrashed && svc.Restarts <= serviceMaxRestarts) {
+			errs = append(errs, db.InTx(ctx, s.deps.Pool, func(tx pgx.Tx) error {
+				return EnqueueService(ctx, s.ins, tx, svc.ID, ServiceStart, "")
+			}))
+		}
+	}
+
+	tagged, err := environment.TaggedServices(ctx)
+	errs = append(errs, err)
+	for id := range tagged {
+		if live[id] {
+			continue
+		}
+		if _, err := db.RuntimeServiceForProxy(ctx, s.deps.Pool, id); err != nil {
+			if errors.Is(err, db.ErrNotFound) {
+				s.log.WarnContext(ctx, "processes tagged with an unknown service", "service_id", id, "pids", tagged[id])
+			}
+			continue
+		}
+		errs = append(errs, environment.StopService(ctx, id, 0, 0, killGrace))
+	}
+
+	if !startup {
+		idle, err := db.IdleRuntimeServices(ctx, s.deps.Pool, s.deps.NodeID)
+		errs = append(errs, err)
+		for _, svc := range idle {
+			errs = append(errs, db.InTx(ctx, s.deps.Pool, func(tx pgx.Tx) error {
+				if _, err := db.SetRuntimeServiceDesired(ctx, tx, svc.ID, db.DesiredStopped, ""); err != nil {
+					return err
+				}
+				return EnqueueService(ctx, s.ins, tx, svc.ID, ServiceStop, StopIdle)
+			}))
+		}
+	}
+	return errors.Join(errs...)
+}
