@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"berth/db"
+	"berth/views"
 )
 
 // Runtime service definitions of a project workspace: validation and defaults, and the JSON text
@@ -172,4 +173,11 @@ func parseProjectServicesText(text string) ([]serviceInput, error) {
 		list = []serviceInput{}
 	}
 	return list, nil
+}
+
+// serviceRow is a stored definition as the project workspace page shows it.
+func serviceRow(d db.ServiceDefinition) views.ProjectServiceRow {
+	return views.ProjectServiceRow{Name: d.Name, Command: d.Command, PortEnv: d.PortEnv, HealthPath: d.HealthPath,
+		ReadyTimeoutS: d.ReadyTimeoutS, StopPolicy: d.StopPolicy, Lifecycle: d.Lifecycle,
+		StripPrefix: d.StripPrefix == nil || *d.StripPrefix, IdleTimeoutM: d.IdleTimeoutM}
 }

@@ -142,7 +142,7 @@ func (s *Server) projectWorkspacePageData(ctx context.Context, a access, id stri
 		Name: pw.Name, SourceType: pw.SourceType, Source: pw.Source, DefaultRef: pw.DefaultRef,
 		SetupCommand: pw.SetupCommand, CleanupCommand: pw.CleanupCommand, IsPrimary: pw.IsPrimary}
 	for _, sv := range pw.Services {
-		v.Services = append(v.Services, views.ProjectServiceRow(sv))
+		v.Services = append(v.Services, serviceRow(sv))
 	}
 	editable := a.canManage() && !proj.Archived()
 	d := views.ProjectWorkspacePageData{Workspace: v, Archived: proj.Archived(), Editable: editable,
