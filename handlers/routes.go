@@ -143,6 +143,15 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /api/execution-workspaces/{id}/close-readiness", s.api(s.closeReadinessAPI))
 	mux.Handle("GET /api/tasks/{id}/work-products", s.api(s.taskWorkProductsAPI))
 
+	// Runtime services and their previews (runtime_services.go, preview.go): a run token controls
+	// its own workspace's services; the proxy admits members of the service's company.
+	mux.Handle("GET /api/execution-workspaces/{id}/runtime-services", s.runAPI(s.listRuntimeServicesAPI))
+	mux.Handle("POST /api/execution-workspaces/{id}/runtime-services/{action}", s.runAPI(s.runtimeServiceActionAPI))
+	mux.Handle("POST /workspaces/{id}/services/{name}/{action}", s.page(s.runtimeServiceForm))
+	previews := newPreviewProxy(s)
+	mux.Handle("/preview/{id}", previews)
+	mux.Handle("/preview/{id}/", previews)
+
 	mux.Handle("GET /companies/{cid}/workspaces", s.page(s.workspacesPage))
 	mux.Handle("GET /workspaces/{id}", s.page(s.workspacePage))
 	mux.Handle("POST /workspaces/{id}/close", s.page(s.workspaceFormAction(true)))
