@@ -82,6 +82,9 @@ func (s *Server) envImageVersionsView(ctx context.Context, companyID, envID stri
 		return views.EnvironmentImages{}, err
 	}
 	d := views.EnvironmentImages{More: len(list) > envImageVersionsShown}
+	if d.LiveSession, err = s.liveSetupSessionID(ctx, companyID, envID); err != nil {
+		return views.EnvironmentImages{}, err
+	}
 	if d.More {
 		list = list[:envImageVersionsShown]
 	}

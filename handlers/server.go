@@ -50,6 +50,8 @@ type Deps struct {
 	// LoginLimit bounds failed sign-ins per account and per address within LoginWindow;
 	// zero values take the defaults.
 	LoginLimit LoginLimit
+	// ImageSetup runs image setup sessions' shells on this node; nil refuses setup sessions.
+	ImageSetup *ImageSetup
 }
 
 // LoginLimit is the sign-in rate limit.
@@ -75,6 +77,7 @@ type Server struct {
 	cop         *http.CrossOriginProtection
 	handler     http.Handler
 	stopUI      context.CancelFunc
+	imageSetup  *ImageSetup
 }
 
 // New builds the server and its route table.
@@ -93,6 +96,7 @@ func New(d Deps) (*Server, error) {
 		workspaces:  d.Workspaces,
 		version:     d.Version,
 		limit:       d.LoginLimit,
+		imageSetup:  d.ImageSetup,
 	}
 	if s.limit.PerAccount <= 0 {
 		s.limit.PerAccount = 5

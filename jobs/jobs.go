@@ -93,6 +93,14 @@ func Workers(d Deps) (*river.Workers, error) {
 	if err := river.AddWorkerSafely(w, &ProbeEnvironmentWorker{runWorker: rw}); err != nil {
 		return nil, fmt.Errorf("jobs: register probe_environment: %w", err)
 	}
+	// Custom images: capture a setup session's layer, time out expired sessions (capture_image.go,
+	// expire_setup_sessions.go).
+	if err := river.AddWorkerSafely(w, &CaptureImageWorker{deps: d}); err != nil {
+		return nil, fmt.Errorf("jobs: register capture_image: %w", err)
+	}
+	if err := river.AddWorkerSafely(w, &ExpireSetupSessionsWorker{deps: d}); err != nil {
+		return nil, fmt.Errorf("jobs: register expire_setup_sessions: %w", err)
+	}
 	// Runtime services (runtime_services.go).
 	if err := river.AddWorkerSafely(w, &RuntimeServiceWorker{deps: d}); err != nil {
 		return nil, fmt.Errorf("jobs: register runtime_service: %w", err)
@@ -113,6 +121,9 @@ func PeriodicJobs() []*river.PeriodicJob {
 		river.NewPeriodicJob(river.PeriodicInterval(ExpireLeasesInterval),
 			func() (river.JobArgs, *river.InsertOpts) { return ExpireLeasesArgs{}, nil },
 			&river.PeriodicJobOpts{ID: "expire_leases", RunOnStart: true}),
+		river.NewPeriodicJob(river.PeriodicInterval(ExpireSetupSessionsInterval),
+			func() (river.JobArgs, *river.InsertOpts) { return ExpireSetupSessionsArgs{}, nil },
+			&river.PeriodicJobOpts{ID: "expire_setup_sessions", RunOnStart: true}),
 	}
 }
 
