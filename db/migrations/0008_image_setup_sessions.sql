@@ -30,8 +30,8 @@ CREATE UNIQUE INDEX image_setup_sessions_one_live_idx ON image_setup_sessions (e
 CREATE INDEX image_setup_sessions_live_expiry_idx ON image_setup_sessions (expires_at)
     WHERE status IN ('starting', 'waiting_for_user');
 
-ALTER TABLE image_versions ADD CONSTRAINT image_versions_created_by_session_fkey
-    FOREIGN KEY (created_by_session) REFERENCES image_setup_sessions (id) ON DELETE SET NULL;
+-- image_versions.created_by_session stays without a foreign key: a version outlives the session
+-- row that captured it, and the id keeps naming it in the audit trail.
 
 CREATE TABLE terminal_tokens (
     token_hash     bytea PRIMARY KEY CHECK (length(token_hash) = 32),
