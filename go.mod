@@ -20,7 +20,7 @@ require (
 	github.com/a-h/parse v0.0.42 // indirect
 	github.com/andybalholm/brotli v1.3.0 // indirect
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
-	github.com/chromedp/cdproto v0.160.1 // indirect
+	github.com/chromedp/cdproto v0.160.1
 	github.com/cli/browser v1.3.0 // indirect
 	github.com/creack/pty v1.1.24
 	github.com/fatih/color v1.19.0 // indirect
