@@ -1,8 +1,6 @@
 package handlers
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -13,8 +11,8 @@ import (
 	"berth/views"
 )
 
-// Runtime service definitions of a project workspace: validation and defaults, and the JSON text
-// the edit form shows and reads.
+// Runtime service definitions of a project workspace: validation and defaults (the edit form's
+// rows are project_workspace_services_form.go).
 
 // Limits and defaults of runtime service definitions.
 const (
@@ -26,6 +24,7 @@ const (
 	serviceStopManual      = "manual"
 	serviceLifecycleEphem  = "ephemeral"
 	maxServiceHealthLength = 1024
+	maxServiceIdleM        = 7 * 24 * 60
 )
 
 var (
@@ -47,6 +46,8 @@ type serviceInput struct {
 	ReadyTimeoutS *int   `json:"ready_timeout_s"`
 	StopPolicy    string `json:"stop_policy"`
 	Lifecycle     string `json:"lifecycle"`
+	StripPrefix   *bool  `json:"strip_prefix"`
+	IdleTimeoutM  *int   `json:"idle_timeout_m"`
 }
 
 // normalizeProjectServices validates service definitions and fills their defaults. Messages are
@@ -78,6 +79,15 @@ func normalizeProjectServices(in []serviceInput, fields map[string]string) []db.
 		}
 		if d.Lifecycle == "" {
 			d.Lifecycle = serviceLifecycleEphem
+		}
+		if sv.StripPrefix != nil && !*sv.StripPrefix {
+			d.StripPrefix = new(false) // stored only when false: absent means stripped
+		}
+		if sv.IdleTimeoutM != nil {
+			d.IdleTimeoutM = *sv.IdleTimeoutM
+			if d.IdleTimeoutM < 1 || d.IdleTimeoutM > maxServiceIdleM {
+				fields[key("idle_timeout_m")] = fmt.Sprintf("must be from 1 to %d minutes", maxServiceIdleM)
+			}
 		}
 		if j, dup := seen[d.Name]; dup && d.Name != "" {
 			fields[key("name")] = fmt.Sprintf("%q is already the name of services[%d]", d.Name, j)
@@ -141,38 +151,26 @@ func serviceHealthProblem(p string) string {
 	return ""
 }
 
-// projectServicesText is the JSON a workspace's edit form shows for its services ("" for none).
-func projectServicesText(list []db.ServiceDefinition) string {
-	if len(list) == 0 {
-		return ""
+// serviceInputOf is a stored definition as input again, for a change that keeps it.
+func serviceInputOf(d db.ServiceDefinition) serviceInput {
+	in := serviceInput{Name: d.Name, Command: d.Command, PortEnv: d.PortEnv, HealthPath: d.HealthPath,
+		ReadyTimeoutS: new(d.ReadyTimeoutS), StopPolicy: d.StopPolicy, Lifecycle: d.Lifecycle, StripPrefix: d.StripPrefix}
+	if d.IdleTimeoutM > 0 {
+		in.IdleTimeoutM = new(d.IdleTimeoutM)
 	}
-	b, err := json.MarshalIndent(list, "", "  ")
-	if err != nil {
-		return ""
-	}
-	return string(b)
+	return in
 }
 
-// parseProjectServicesText reads the services textarea: empty means none; otherwise a JSON array of
-// service definitions with only known members (a 422 on services otherwise).
-func parseProjectServicesText(text string) ([]serviceInput, error) {
-	if strings.TrimSpace(text) == "" {
-		return []serviceInput{}, nil
-	}
-	dec := json.NewDecoder(bytes.NewReader([]byte(text)))
-	dec.DisallowUnknownFields()
-	var list []serviceInput
-	if err := dec.Decode(&list); err != nil || dec.More() {
-		msg := "must be a JSON array of service objects"
-		if err != nil {
-			msg += ": " + err.Error()
+// sameServices reports whether two definition lists say the same (StripPrefix by value).
+func sameServices(a, b []db.ServiceDefinition) bool {
+	return slices.EqualFunc(a, b, func(x, y db.ServiceDefinition) bool {
+		strip := func(d db.ServiceDefinition) bool { return d.StripPrefix == nil || *d.StripPrefix }
+		if strip(x) != strip(y) {
+			return false
 		}
-		return nil, invalid(map[string]string{"services": msg})
-	}
-	if list == nil {
-		list = []serviceInput{}
-	}
-	return list, nil
+		x.StripPrefix, y.StripPrefix = nil, nil
+		return x == y
+	})
 }
 
 // serviceRow is a stored definition as the project workspace page shows it.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -294,9 +293,7 @@ func mergeProjectWorkspace(cur db.ProjectWorkspace, ch projectWorkspaceChange) (
 		services = *ch.Services
 	} else {
 		for _, d := range cur.Services {
-			timeout := d.ReadyTimeoutS
-			services = append(services, serviceInput{Name: d.Name, Command: d.Command, PortEnv: d.PortEnv,
-				HealthPath: d.HealthPath, ReadyTimeoutS: &timeout, StopPolicy: d.StopPolicy, Lifecycle: d.Lifecycle})
+			services = append(services, serviceInputOf(d))
 		}
 	}
 	return f, services
@@ -318,7 +315,7 @@ func projectWorkspaceChangedFields(cur db.ProjectWorkspace, f db.ProjectWorkspac
 			changed = append(changed, c.name)
 		}
 	}
-	if !slices.Equal(cur.Services, f.Services) {
+	if !sameServices(cur.Services, f.Services) {
 		changed = append(changed, "services")
 	}
 	return changed

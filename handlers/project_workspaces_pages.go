@@ -150,7 +150,7 @@ func (s *Server) projectWorkspacePageData(ctx context.Context, a access, id stri
 		Form: views.ProjectWorkspaceForm{ProjectID: proj.ID, WorkspaceID: pw.ID, CurrentlyPrimary: pw.IsPrimary,
 			Values: views.ProjectWorkspaceFormValues{Name: pw.Name, SourceType: pw.SourceType, Source: pw.Source,
 				DefaultRef: pw.DefaultRef, SetupCommand: pw.SetupCommand, CleanupCommand: pw.CleanupCommand,
-				Services: projectServicesText(pw.Services)}}}
+				Services: serviceFormRows(pw.Services)}}}
 	return d, pw.Name, nil
 }
 
@@ -172,16 +172,28 @@ func (s *Server) updateProjectWorkspaceForm(w http.ResponseWriter, r *http.Reque
 	if vals.IsPrimary {
 		ch.IsPrimary = &vals.IsPrimary
 	}
-	services, err := parseProjectServicesText(vals.Services)
-	if err == nil {
-		ch.Services = &services
+	sf := readServiceForm(r.PostForm)
+	vals.Services = sf.Rows
+	switch {
+	case len(sf.Problems) > 0:
+		err = invalid(sf.Problems)
+	case sf.Present:
+		ch.Services = &sf.Inputs
+		fallthrough
+	default:
 		_, err = s.updateProjectWorkspace(ctx, r, a, id, ch)
 	}
 	if he, ok := formRefusal(err); ok {
 		fields, status := formErrors(he), he.Status
+		if len(sf.Problems) == 0 {
+			fields = sf.rowErrors(fields) // validation keys services by input, the form by row
+		}
 		d, title, err := s.projectWorkspacePageData(ctx, a, id)
 		if err != nil {
 			return err
+		}
+		if !sf.Present {
+			vals.Services = d.Form.Values.Services
 		}
 		d.Form.Values, d.Form.Errors = vals, fields
 		if isHTMX(r) {
@@ -218,5 +230,5 @@ func projectWorkspaceFormValuesFrom(r *http.Request) views.ProjectWorkspaceFormV
 	return views.ProjectWorkspaceFormValues{Name: r.PostForm.Get("name"), SourceType: r.PostForm.Get("source_type"),
 		Source: r.PostForm.Get("source"), DefaultRef: r.PostForm.Get("default_ref"),
 		SetupCommand: projectFormText(r, "setup_command"), CleanupCommand: projectFormText(r, "cleanup_command"),
-		IsPrimary: projectFormBool(r, "is_primary"), Services: projectFormText(r, "services")}
+		IsPrimary: projectFormBool(r, "is_primary")}
 }

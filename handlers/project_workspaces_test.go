@@ -537,9 +537,10 @@ func TestProjectWorkspaceForms(t *testing.T) {
 		t.Fatalf("stored setup %q ref %q", setup, ref)
 	}
 
-	// Edit with services JSON; bad JSON is refused and changes nothing.
+	// Edit with a service in the form's blank row; a refused row changes nothing.
 	edit := url.Values{"name": {"docs"}, "source_type": {"directory"}, "source": {add.Get("source")},
-		"services": {`[{"name":"web","command":"python3 -m http.server $PORT"}]`}}
+		"services_rows": {"1"}, "services[0].new": {"1"}, "services[0].name": {"web"},
+		"services[0].command": {"python3 -m http.server $PORT"}, "services[0].strip_prefix": {"true"}}
 	resp, _ = f.post(f.Board, "/project-workspaces/"+docsID, edit, false)
 	if resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("edit = %d", resp.StatusCode)
@@ -548,11 +549,17 @@ func TestProjectWorkspaceForms(t *testing.T) {
 	if !strings.Contains(body, "python3 -m http.server $PORT") || !strings.Contains(body, "ephemeral") {
 		t.Fatal("workspace page does not list the service")
 	}
-	for _, services := range []string{`[{"name":"web"`, `{"name":"web","command":"x"}`, `[{"name":"web","command":"x","port":1}]`, `[{"name":"Web","command":"x"}]`} {
-		edit.Set("services", services)
-		resp, body = f.post(f.Board, "/project-workspaces/"+docsID, edit, true)
-		if resp.StatusCode != 422 || !strings.Contains(body, `id="edit-workspace"`) || !strings.Contains(body, "services") {
-			t.Errorf("services %s = %d", services, resp.StatusCode)
+	for _, bad := range []map[string]string{{"services[0].name": "Web"}, {"services[0].command": " "}, {"services[0].ready_timeout_s": "soon"}} {
+		refused := url.Values{}
+		for k, v := range edit {
+			refused[k] = v
+		}
+		for k, v := range bad {
+			refused.Set(k, v)
+		}
+		resp, body = f.post(f.Board, "/project-workspaces/"+docsID, refused, true)
+		if resp.StatusCode != 422 || !strings.Contains(body, `id="edit-workspace"`) || !strings.Contains(body, "field-error") {
+			t.Errorf("services %v = %d", bad, resp.StatusCode)
 		}
 	}
 	if n := f.e.count(`SELECT jsonb_array_length(services) FROM project_workspaces WHERE id = $1`, docsID); n != 1 {
