@@ -85,6 +85,15 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("PATCH /api/environments/{id}", s.api(s.apiPatchEnvironment))
 	mux.Handle("POST /api/environments/{id}/probe", s.api(s.apiProbeEnvironment))
 	mux.Handle("GET /api/environments/{id}/image-versions", s.api(s.apiListImageVersions))
+	// Custom images: activate (rollback), setup sessions and their terminal (instance admins;
+	// setup_sessions*.go). The WebSocket authenticates by its first frame's terminal token.
+	mux.Handle("POST /api/environments/{id}/image-versions/{n}/activate", s.api(s.apiActivateImageVersion))
+	mux.Handle("POST /api/environments/{id}/image-setup-sessions", s.api(s.apiStartSetupSession))
+	mux.Handle("GET /api/image-setup-sessions/{id}", s.api(s.apiGetSetupSession))
+	mux.Handle("POST /api/image-setup-sessions/{id}/finish", s.api(s.apiFinishSetupSession))
+	mux.Handle("POST /api/image-setup-sessions/{id}/cancel", s.api(s.apiCancelSetupSession))
+	mux.Handle("POST /api/image-setup-sessions/{id}/terminal-token", s.api(s.apiMintTerminalToken))
+	mux.Handle("GET /api/image-setup-sessions/{id}/terminal", s.handle(s.terminalSocket))
 
 	mux.Handle("GET /companies/{cid}/environments", s.page(s.environmentsPage))
 	mux.Handle("POST /companies/{cid}/environments", s.page(s.createEnvironmentForm))
@@ -93,6 +102,11 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /environments/{id}/archive", s.page(s.archiveEnvironmentForm))
 	mux.Handle("POST /environments/{id}/unarchive", s.page(s.unarchiveEnvironmentForm))
 	mux.Handle("POST /environments/{id}/probe", s.page(s.probeEnvironmentForm))
+	mux.Handle("POST /environments/{id}/image-versions/{n}/activate", s.page(s.activateImageVersionForm))
+	mux.Handle("POST /environments/{id}/image-setup-sessions", s.page(s.startSetupSessionForm))
+	mux.Handle("GET /image-setup-sessions/{id}", s.page(s.setupSessionPage))
+	mux.Handle("POST /image-setup-sessions/{id}/finish", s.page(s.endSetupSessionForm(true)))
+	mux.Handle("POST /image-setup-sessions/{id}/cancel", s.page(s.endSetupSessionForm(false)))
 
 	// Tasks, effective plan, workspace binding (changes: board members).
 	mux.Handle("GET /api/projects/{id}/tasks", s.api(s.listTasksAPI))
