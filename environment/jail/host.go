@@ -161,14 +161,20 @@ func chownTree(root string, uid, gid int) error {
 		return fmt.Errorf("hand over: %w", err)
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid && int(st.Gid) == gid {
-		return nil // already there: the whole tree was handed over with its root
+		return nil // already there: the root changes hands last, so the whole tree did before it
 	}
 	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
+		if p == root {
+			return nil
+		}
 		return os.Lchown(p, uid, gid)
 	})
+	if err == nil {
+		err = os.Lchown(root, uid, gid)
+	}
 	if err != nil {
 		return fmt.Errorf("hand over: %w", err)
 	}
