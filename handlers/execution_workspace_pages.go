@@ -156,6 +156,10 @@ func (s *Server) workspacePageData(ctx context.Context, a access, ws db.Executio
 		}
 		d.WorkProducts = append(d.WorkProducts, row)
 	}
+	if d.Services, err = s.servicesPanelData(ctx, a, ws); err != nil {
+		return d, err
+	}
+	d.Services.Live = d.Services.Live && !d.Live // the whole body refreshes already
 	d.Readiness = views.WorkspaceReadinessView{Confirmed: confirm}
 	if ws.Status == db.WorkspaceClosed || d.Live {
 		return d, nil // the panel shows the close or the rebuild, not readiness
@@ -206,6 +210,13 @@ func (s *Server) workspacePage(w http.ResponseWriter, r *http.Request, p *princi
 	a, ws, err := s.workspaceFor(ctx, p, r.PathValue("id"))
 	if err != nil {
 		return err
+	}
+	if isHTMX(r) && r.URL.Query().Get("fragment") == "services" {
+		d, err := s.servicesPanelData(ctx, a, ws)
+		if err != nil {
+			return err
+		}
+		return s.render(w, r, views.ServicesPanel(d))
 	}
 	d, err := s.workspacePageData(ctx, a, ws, boolParam(r.URL.Query().Get("confirm_destructive")))
 	if err != nil {

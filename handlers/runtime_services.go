@@ -192,28 +192,3 @@ func (s *Server) controlService(r *http.Request, a access, wsID, name, action st
 	})
 	return svc, err
 }
-
-// runtimeServiceForm is POST /workspaces/{id}/services/{name}/{action} from the services panel.
-func (s *Server) runtimeServiceForm(w http.ResponseWriter, r *http.Request, p *principal) error {
-	action := r.PathValue("action")
-	if action != jobs.ServiceStart && action != jobs.ServiceStop && action != jobs.ServiceRestart {
-		return errNotFound
-	}
-	id := r.PathValue("id")
-	a, err := s.manageObject(r, p, "execution_workspaces", id, "runtime_service."+action, "execution_workspace")
-	if err != nil {
-		return err
-	}
-	if _, err := readForm(w, r, maxTextFormBody); err != nil {
-		return err
-	}
-	if _, err := s.controlService(r, a, id, r.PathValue("name"), action); err != nil {
-		return err
-	}
-	back := "/workspaces/" + id
-	if next := r.FormValue("next"); next != "" && len(next) < 200 && next[0] == '/' && (len(next) < 2 || next[1] != '/') {
-		back = next
-	}
-	http.Redirect(w, r, back, http.StatusSeeOther)
-	return nil
-}

@@ -150,6 +150,18 @@ func (m *Services) Start(ctx context.Context, id string, restart bool) error {
 	if _, ok := m.sup.Running(id); ok && svc.Status == db.ServiceRunning && !restart {
 		return nil
 	}
+	if restart && svc.Live() {
+		// The old server holds the port: end it first, so the new one keeps the port (its
+		// watcher then finds a new generation and records nothing).
+		if _, ok := m.sup.Running(id); ok {
+			err = m.sup.Stop(ctx, id)
+		} else {
+			err = environment.StopService(ctx, id, 0, svc.Port, environment.DefaultGrace)
+		}
+		if err != nil {
+			return fmt.Errorf("restart service: %w", err)
+		}
+	}
 	return m.start(ctx, svc)
 }
 
