@@ -19,7 +19,21 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 
+# Vite for the preview test (handlers/preview_vite_test.go): in a 0755 directory outside /root
+# and /tmp, so the jail's berth-run user can read it. BERTH_TEST_NPM moves it.
+vite_version=8.4.0
+install_vite() {
+  local dir=${BERTH_TEST_NPM:-/var/tmp/berth-test-npm}
+  if [ "$(node -p "require('$dir/node_modules/vite/package.json').version" 2>/dev/null)" = "$vite_version" ]; then
+    return 0
+  fi
+  echo "test-deps: npm install vite@$vite_version into $dir"
+  mkdir -p "$dir" && chmod 0755 "$dir"
+  (umask 022 && npm install --prefix "$dir" --no-audit --no-fund --silent "vite@$vite_version")
+}
+
 if [ ${#need[@]} -eq 0 ]; then
+  install_vite
   exit 0
 fi
 echo "test-deps: installing ${need[*]}"
@@ -31,3 +45,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}"
+install_vite
