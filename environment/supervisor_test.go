@@ -24,7 +24,7 @@ type serviceFixture struct {
 	sup        *Supervisor
 }
 
-func newServiceFixture(t *testing.T) serviceFixture {
+func newServiceFixture(t testing.TB) serviceFixture {
 	t.Helper()
 	data := jailtest.Dir(t)
 	root := filepath.Join(data, "workspaces", "ws-1")
@@ -41,7 +41,7 @@ func newServiceFixture(t *testing.T) serviceFixture {
 	return serviceFixture{data: data, root: root, pl: pl, sup: &Supervisor{Grace: time.Second}}
 }
 
-func (f serviceFixture) spec(t *testing.T, id, command string, timeout time.Duration) ServiceSpec {
+func (f serviceFixture) spec(t testing.TB, id, command string, timeout time.Duration) ServiceSpec {
 	t.Helper()
 	port, err := ReservePort(0, func(int) bool { return false })
 	if err != nil {

@@ -17,6 +17,8 @@ run ./handlers/ 'BenchmarkAdmissionToStartShared' 50x
 run ./handlers/ 'BenchmarkAdmissionToStartWorktree' 5x
 run ./handlers/ 'BenchmarkAdmissionToStartContainment|BenchmarkAdmissionToStartSandbox' 50x
 run ./environment/ 'BenchmarkJailStart' 300x
+run ./environment/ 'BenchmarkServiceStartToHealthy' 30x
+run ./handlers/ 'BenchmarkPreviewProxy$|BenchmarkPreviewWebSocket$' 1x
 run ./jobs/ 'BenchmarkRiverPickup' 500x
 run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
 run ./workspace/ '.' 1x
@@ -46,6 +48,12 @@ sb=$(metric BenchmarkAdmissionToStartSandbox p50-ms)
 [ -n "$sb" ] && echo "sandbox isolated worktree (small repo) admission-to-start p50: ${sb} ms (goal <= 50 ms)"
 jr=$(metric BenchmarkJailStart ratio-p50)
 [ -n "$jr" ] && echo "Berth's jailed exec of true vs bare bwrap true, p50: ${jr}x (goal <= 1.5x)"
+pr=$(metric BenchmarkPreviewProxy ratio); pa=$(metric BenchmarkPreviewProxy added-p50-ms)
+[ -n "$pr" ] && echo "preview proxy vs direct, 20 KB page at 32 clients: ${pr}x requests/s (goal >= 0.8x); added p50 ${pa} ms (goal <= 1 ms)"
+wr=$(metric BenchmarkPreviewWebSocket ratio)
+[ -n "$wr" ] && echo "WebSocket echo RTT through the proxy vs direct, p50: ${wr}x (goal <= 2x)"
+so=$(metric BenchmarkServiceStartToHealthy own-startup-p50-ms); sh=$(metric BenchmarkServiceStartToHealthy start-to-healthy-p50-ms)
+[ -n "$sh" ] && echo "Go HTTP server as a service, start -> healthy p50: ${sh} ms vs its own startup ${so} ms (goal <= startup + 20 ms)"
 pickup=$(metric BenchmarkRiverPickup p50-ms)
 [ -n "$pickup" ] && echo "River pickup p50: ${pickup} ms"
 exit 0
