@@ -13,8 +13,9 @@ import (
 )
 
 // startJail readies the host for spec (ownership, traversal) and makes the jail's command. done
-// closes the jail's data pipes and hands the written trees back to Berth's uid; call it after the
-// command has ended.
+// closes the jail's data pipes; call it after the command has ended. The trees handed to the run
+// user stay its own while the workspace is open: a runtime service may still be writing there
+// after the run that started it ended.
 func startJail(h jail.Host, spec jail.Spec, within, store string) (*exec.Cmd, func(), error) {
 	c, err := jail.Build(spec)
 	if err != nil {
@@ -27,16 +28,7 @@ func startJail(h jail.Host, spec jail.Spec, within, store string) (*exec.Cmd, fu
 	if err != nil {
 		return nil, nil, err
 	}
-	done := func() {
-		closeData()
-		// The workspace goes back to Berth's uid between runs; HOME stays the run user's.
-		for _, p := range []string{spec.Workspace, store} {
-			if p != "" && within != "" && p != within && jail.Within(p, within) {
-				_ = h.HandBack(p)
-			}
-		}
-	}
-	return cmd, done, nil
+	return cmd, closeData, nil
 }
 
 // envMap turns a KEY=VALUE list into a map.

@@ -107,8 +107,8 @@ func (d *local) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 }
 
 // command is the process of one Exec: the jail of the local profile (docs/security.md), or for an
-// uncontained environment /bin/sh itself. done undoes what starting needed (the workspace is
-// handed back to Berth's uid).
+// uncontained environment /bin/sh itself. done releases what starting needed (the jail's data
+// pipes).
 func (d *local) command(req ExecRequest, env []string) (*exec.Cmd, func(), error) {
 	if !d.contained {
 		cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", req.Command}, Dir: req.Dir, Env: env,

@@ -165,7 +165,9 @@ func (m *Manager) bringHome(ctx context.Context, ref string, rec record) error {
 	}
 	incoming := "refs/berth/incoming/" + ref
 	gd := "--git-dir=" + rec.GitDir
-	if _, err := m.git.run(ctx, gitCall{}, gd, "-c", "fetch.fsckObjects=true", "fetch", "--no-tags",
+	// The store belongs to the run user: upload-pack checks its ownership itself and takes
+	// safe.directory only from its own command line.
+	if _, err := m.git.run(ctx, gitCall{}, gd, "-c", "fetch.fsckObjects=true", "fetch", "--upload-pack=git -c safe.directory='*' upload-pack", "--no-tags",
 		"--no-write-fetch-head", "--no-recurse-submodules", "--quiet", repo, "+"+branchRef+":"+incoming); err != nil {
 		return err
 	}
