@@ -27,6 +27,20 @@ import (
 // same-origin with Berth, which is why only company members reach it and low trust gets no
 // services at all.
 
+// previewGrantTTL is how long the proxy reuses one principal's access check for one service
+// generation (the membership, and the definition's strip_prefix), so a busy preview costs the
+// credential and the service row per request instead of four queries. The service row itself is
+// read on every request: a stopped or moved service is seen at once; a member removed is seen
+// within this time.
+const previewGrantTTL = time.Second
+
+// previewGrant is a checked (principal, service generation) pair.
+type previewGrant struct {
+	a     access
+	strip bool
+	until time.Time
+}
+
 // previewTouchEvery bounds how often a proxied request updates the service's last_request_at.
 const previewTouchEvery = 30 * time.Second
 
@@ -40,10 +54,11 @@ type previewProxy struct {
 	transport *http.Transport
 	mu        sync.Mutex
 	touched   map[string]time.Time
+	grants    map[string]previewGrant // principal key + service id; see previewGrantTTL
 }
 
 func newPreviewProxy(s *Server) *previewProxy {
-	return &previewProxy{s: s, touched: map[string]time.Time{}, transport: &http.Transport{Proxy: nil,
+	return &previewProxy{s: s, touched: map[string]time.Time{}, grants: map[string]previewGrant{}, transport: &http.Transport{Proxy: nil,
 		MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: false}}
 }
 
@@ -75,24 +90,20 @@ func (pv *previewProxy) serve(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var a access
-	if p.Run != nil {
-		if p.Run.Company.ID != svc.CompanyID || p.Run.WorkspaceID != svc.ExecutionWorkspaceID {
-			return errNotFound
+	key := grantKey(p) + "|" + svc.ID + "|" + strconv.FormatInt(svc.Generation, 10)
+	g, ok := pv.grant(key)
+	if !ok {
+		if g, err = pv.check(r, p, svc); err != nil {
+			return err
 		}
-		a = access{Company: p.Run.Company, Role: roleRun, P: p}
-	} else if a, err = s.companyAccess(ctx, p, svc.CompanyID); err != nil || a.Role == "" {
-		return errNotFound // instance admins who are not members see no previews
+		pv.keep(key, g)
 	}
+	a, strip := g.a, g.strip
 	if svc.Status != db.ServiceRunning || svc.Port == 0 {
 		return pv.unavailable(w, r, a, svc)
 	}
 	pv.touch(r, svc.ID)
 
-	strip := true
-	if def, ok := pv.definition(r, svc); ok && def.StripPrefix != nil && !*def.StripPrefix {
-		strip = false
-	}
 	target := &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(svc.Port)}
 	proto := "http"
 	if s.secure() {
@@ -129,11 +140,72 @@ func (pv *previewProxy) serve(w http.ResponseWriter, r *http.Request) error {
 				return // the browser went away
 			}
 			s.log.WarnContext(r.Context(), "preview upstream", "service_id", svc.ID, "err", err)
+			if fresh, err := db.RuntimeServiceForProxy(r.Context(), s.pool, svc.ID); err == nil {
+				svc = fresh // the page says what the service is now
+			}
 			_ = pv.unavailable(w, r, a, svc)
 		},
 	}
 	rp.ServeHTTP(w, r)
 	return nil
+}
+
+// check decides whether p may reach svc: the same 404 as for a missing service when not (instance
+// admins who are not members see no previews).
+func (pv *previewProxy) check(r *http.Request, p *principal, svc db.RuntimeService) (previewGrant, error) {
+	ctx := r.Context()
+	var a access
+	var err error
+	if p.Run != nil {
+		if p.Run.Company.ID != svc.CompanyID || p.Run.WorkspaceID != svc.ExecutionWorkspaceID {
+			return previewGrant{}, errNotFound
+		}
+		a = access{Company: p.Run.Company, Role: roleRun, P: p}
+	} else if a, err = pv.s.companyAccess(ctx, p, svc.CompanyID); err != nil || a.Role == "" {
+		return previewGrant{}, errNotFound
+	}
+	g := previewGrant{a: a, strip: true}
+	if def, ok := pv.definition(r, svc); ok && def.StripPrefix != nil && !*def.StripPrefix {
+		g.strip = false
+	}
+	return g, nil
+}
+
+// grantKey names who is asking, for the grant cache: a run, or a user (whatever credential).
+func grantKey(p *principal) string {
+	if p.Run != nil {
+		return "run:" + p.Run.ID
+	}
+	return "user:" + p.User.ID
+}
+
+func (pv *previewProxy) grant(key string) (previewGrant, bool) {
+	pv.mu.Lock()
+	defer pv.mu.Unlock()
+	g, ok := pv.grants[key]
+	if !ok || time.Now().After(g.until) {
+		delete(pv.grants, key)
+		return previewGrant{}, false
+	}
+	return g, true
+}
+
+func (pv *previewProxy) keep(key string, g previewGrant) {
+	now := time.Now()
+	g.until = now.Add(previewGrantTTL)
+	pv.mu.Lock()
+	defer pv.mu.Unlock()
+	if len(pv.grants) > 4096 { // bounded: expired grants go first, then all
+		for k, old := range pv.grants {
+			if now.After(old.until) {
+				delete(pv.grants, k)
+			}
+		}
+		if len(pv.grants) > 4096 {
+			clear(pv.grants)
+		}
+	}
+	pv.grants[key] = g
 }
 
 // definition is the service's definition in its project workspace, if it still has one.
