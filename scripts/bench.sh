@@ -22,6 +22,13 @@ run ./handlers/ 'BenchmarkPreviewProxy$|BenchmarkPreviewWebSocket$' 1x
 run ./jobs/ 'BenchmarkRiverPickup' 500x
 run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
 run ./workspace/ '.' 1x
+# The terminal bridge against WeTTY and a raw pty (docs/terminal.md "Benchmarks"). WeTTY is
+# installed into a cache dir outside the repo; when it cannot be, the reason is printed above.
+BERTH_BENCH_WETTY=$(./scripts/bench-wetty.sh) || { echo "bench: WeTTY not measured" >&2; BERTH_BENCH_WETTY=; }
+export BERTH_BENCH_WETTY
+run ./terminal/ 'BenchmarkTerminalThroughput' 3x
+run ./terminal/ 'BenchmarkTerminalEcho' 2000x
+run ./terminal/ 'BenchmarkTerminalIdleMemory' 1x
 
 echo
 printf '%-58s %16s  %s\n' "benchmark" "value" "unit"
@@ -56,4 +63,11 @@ so=$(metric BenchmarkServiceStartToHealthy own-startup-p50-ms); sh=$(metric Benc
 [ -n "$sh" ] && echo "Go HTTP server as a service, start -> healthy p50: ${sh} ms vs its own startup ${so} ms (goal <= startup + 20 ms)"
 pickup=$(metric BenchmarkRiverPickup p50-ms)
 [ -n "$pickup" ] && echo "River pickup p50: ${pickup} ms"
+tm() { metric "BenchmarkTerminal$1" "$2"; }
+tr=$(tm Throughput ratio-raw); tw=$(tm Throughput ratio-wetty)
+[ -n "$tr" ] && echo "terminal cat 64 MiB: Berth $(tm Throughput berth-MBps) MB/s, raw pty $(tm Throughput raw-MBps), WeTTY $(tm Throughput wetty-MBps): ${tr}x raw, ${tw:-n/a}x WeTTY (goal >= 0.9x raw, >= 1.0x WeTTY); jailed shell $(tm Throughput jailed-MBps) MB/s; Berth skipped $(tm Throughput lost-MiB) MiB per run"
+er=$(tm Echo ratio-p50-raw)
+[ -n "$er" ] && echo "terminal keystroke echo: Berth p50 $(tm Echo berth-p50-ms) ms = ${er}x raw pty ($(tm Echo raw-p50-ms) ms), p99 $(tm Echo berth-p99-ms) ms; jailed p50/p99 $(tm Echo jailed-p50-ms)/$(tm Echo jailed-p99-ms) ms; WeTTY $(tm Echo wetty-p50-ms)/$(tm Echo wetty-p99-ms) ms (goal p50 <= 3x raw, p99 <= 2 ms)"
+mb=$(tm IdleMemory beyond-scrollback-MiB)
+[ -n "$mb" ] && echo "terminal idle session: Berth $(tm IdleMemory berth-heap-MiB/session) MiB heap (${mb} MiB beyond its scrollback), $(tm IdleMemory berth-rss-MiB/session) MiB RSS; WeTTY $(tm IdleMemory wetty-rss-MiB/session) MiB RSS (goal <= 2 MiB beyond the scrollback)"
 exit 0
