@@ -10,6 +10,10 @@ import (
 	"testing"
 )
 
+// RootVar names a directory to make Dir's directories in instead of /var/tmp (a benchmark puts
+// them on a tmpfs such as /dev/shm); it must be traversable by others.
+const RootVar = "BERTH_JAIL_TEST_ROOT"
+
 // Dir is a fresh, empty directory (mode 0755 down from /var/tmp) removed when the test ends. Use
 // it for data dirs and source repositories of tests whose commands run in the jail.
 func Dir(t testing.TB) string {
@@ -18,7 +22,11 @@ func Dir(t testing.TB) string {
 	if len(name) > 40 {
 		name = name[:40]
 	}
-	d, err := os.MkdirTemp("/var/tmp", "berth-"+name+"-")
+	root := os.Getenv(RootVar)
+	if root == "" {
+		root = "/var/tmp"
+	}
+	d, err := os.MkdirTemp(root, "berth-"+name+"-")
 	if err != nil {
 		t.Fatal(err)
 	}
