@@ -185,7 +185,7 @@ func (a *applier) entry(tr *tar.Reader, hdr *tar.Header) error {
 	case tar.TypeDir:
 		a.seen[name] = true
 		return a.mkdir(name)
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg: // the reader reports old-style TypeRegA entries as TypeReg
 		a.seen[name] = true
 		if a.bytes += hdr.Size; a.bytes > maxSyncBytes {
 			return fmt.Errorf("the remote tree holds more than %d bytes", int64(maxSyncBytes))
