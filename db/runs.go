@@ -89,7 +89,9 @@ type NewRun struct {
 	TimeoutS      int
 }
 
-// CreateRun records an admitted run as queued.
+// CreateRun records an admitted run as queued. A task that already has a live run is ErrConflict
+// (the partial unique index runs_one_live_per_task); the statement cannot fail on it, so a
+// transaction that gets ErrConflict stays usable.
 func CreateRun(ctx context.Context, q Querier, n NewRun) (Run, error) {
 	plan := n.Plan
 	if len(plan) == 0 {
@@ -97,12 +99,63 @@ func CreateRun(ctx context.Context, q Querier, n NewRun) (Run, error) {
 	}
 	r, err := scanRun(q.QueryRow(ctx, `INSERT INTO runs (company_id, task_id, environment_id, created_by, agent_id,
 			command, plan, timeout_s)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING `+runColumns,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		ON CONFLICT (task_id) WHERE status IN ('queued', 'preparing', 'running') DO NOTHING
+		RETURNING `+runColumns,
 		n.CompanyID, n.TaskID, nullable(n.EnvironmentID), nullable(n.CreatedBy), nullable(n.AgentID), n.Command, plan, n.TimeoutS))
+	if errors.Is(err, ErrNotFound) {
+		return Run{}, fmt.Errorf("create run: task %s has a live run: %w", n.TaskID, ErrConflict)
+	}
 	if err != nil {
 		return Run{}, fmt.Errorf("create run: %w", err)
 	}
 	return r, nil
+}
+
+// LiveTaskRun reads the task's live run (queued, preparing or running); there is at most one.
+// None is ErrNotFound.
+func LiveTaskRun(ctx context.Context, q Querier, companyID, taskID string) (Run, error) {
+	if !validUUID(taskID) {
+		return Run{}, ErrNotFound
+	}
+	return scanRun(q.QueryRow(ctx, `SELECT `+runColumns+` FROM runs
+		WHERE company_id = $1 AND task_id = $2 AND status IN ('queued', 'preparing', 'running')`, companyID, taskID))
+}
+
+// IdempotencyTTL is how long an Idempotency-Key of run creation keeps answering with its run.
+const IdempotencyTTL = 24 * time.Hour
+
+// IdempotentRun is what an Idempotency-Key was first used for.
+type IdempotentRun struct {
+	TaskID string
+	RunID  string
+}
+
+// RunForIdempotencyKey reads what principal's key was used for within IdempotencyTTL (database
+// clock), after forgetting principal's expired keys. An unknown or expired key is ErrNotFound.
+func RunForIdempotencyKey(ctx context.Context, q Querier, principal, key string) (IdempotentRun, error) {
+	if _, err := q.Exec(ctx, `DELETE FROM run_idempotency_keys WHERE principal = $1 AND created_at <= now() - $2::interval`,
+		principal, IdempotencyTTL); err != nil {
+		return IdempotentRun{}, fmt.Errorf("expire idempotency keys: %w", err)
+	}
+	var k IdempotentRun
+	err := q.QueryRow(ctx, `SELECT task_id::text, run_id::text FROM run_idempotency_keys WHERE principal = $1 AND key = $2`,
+		principal, key).Scan(&k.TaskID, &k.RunID)
+	return k, notFound(err)
+}
+
+// RecordIdempotencyKey binds principal's key to a run of a task. A key already bound (by a
+// concurrent request that committed first) is ErrConflict; the statement cannot fail on it.
+func RecordIdempotencyKey(ctx context.Context, q Querier, principal, key, companyID, taskID, runID string) error {
+	tag, err := q.Exec(ctx, `INSERT INTO run_idempotency_keys (principal, key, company_id, task_id, run_id)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (principal, key) DO NOTHING`, principal, key, companyID, taskID, runID)
+	if err != nil {
+		return fmt.Errorf("record idempotency key: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("record idempotency key: %w", ErrConflict)
+	}
+	return nil
 }
 
 // RunByID reads a run of a company.
@@ -176,36 +229,53 @@ func RunCancelRequested(ctx context.Context, q Querier, id string) (bool, error)
 	return cancel, nil
 }
 
-// SetRunLog stores the captured log (its first bytes, up to the cap) and the total size.
-func SetRunLog(ctx context.Context, q Querier, id string, log []byte, total int64, truncated bool) error {
+// RunLog is a run's kept log: all of it, or (Truncated) its first Head bytes, a marker line and
+// its last bytes (docs/runs.md "Logs").
+type RunLog struct {
+	Data      []byte
+	Head      int   // leading bytes of Data that are the log's first bytes (len(Data) unless truncated)
+	Total     int64 // bytes the run printed in all
+	Truncated bool
+}
+
+// SetRunLog stores the kept log, where its head ends, and the total size.
+func SetRunLog(ctx context.Context, q Querier, id string, l RunLog) error {
+	log := l.Data
 	if log == nil {
 		log = []byte{}
 	}
-	if _, err := q.Exec(ctx, `UPDATE runs SET log = $2, log_bytes = $3, log_truncated = $4, heartbeat_at = now()
-		WHERE id = $1`, id, log, total, truncated); err != nil {
+	var head *int
+	if l.Truncated && l.Head < len(log) {
+		head = &l.Head
+	}
+	if _, err := q.Exec(ctx, `UPDATE runs SET log = $2, log_head_bytes = $3, log_bytes = $4, log_truncated = $5,
+			heartbeat_at = now()
+		WHERE id = $1`, id, log, head, l.Total, l.Truncated); err != nil {
 		return fmt.Errorf("set run log: %w", err)
 	}
 	return nil
 }
 
-// RunLogAfter returns the stored log bytes after offset (for tailing) and the next offset.
-func RunLogAfter(ctx context.Context, q Querier, companyID, id string, offset int64) ([]byte, int64, error) {
+// RunLogOf reads a run's kept log (a run written before head-and-tail logs has all of its kept
+// bytes as head).
+func RunLogOf(ctx context.Context, q Querier, companyID, id string) (RunLog, error) {
 	if !validUUID(id) {
-		return nil, 0, ErrNotFound
+		return RunLog{}, ErrNotFound
 	}
 	var (
-		chunk []byte
-		size  int64
+		l    RunLog
+		head *int
 	)
-	err := q.QueryRow(ctx, `SELECT substring(log FROM $3::int + 1), length(log) FROM runs WHERE company_id = $1 AND id = $2`,
-		companyID, id, offset).Scan(&chunk, &size)
+	err := q.QueryRow(ctx, `SELECT log, log_head_bytes, log_bytes, log_truncated FROM runs WHERE company_id = $1 AND id = $2`,
+		companyID, id).Scan(&l.Data, &head, &l.Total, &l.Truncated)
 	if err != nil {
-		return nil, 0, notFound(err)
+		return RunLog{}, notFound(err)
 	}
-	if offset > size {
-		return nil, size, nil
+	l.Head = len(l.Data)
+	if head != nil && *head < len(l.Data) {
+		l.Head = *head
 	}
-	return chunk, size, nil
+	return l, nil
 }
 
 // RequestRunCancel marks a live run for cancellation; the executor notices and stops the command.
@@ -222,10 +292,30 @@ func RequestRunCancel(ctx context.Context, q Querier, companyID, id string) (Run
 	return r, err
 }
 
-// TaskRuns lists a task's runs, newest first.
+// RunCursor is the keyset position of a run in a newest-first list.
+type RunCursor struct {
+	CreatedAt time.Time `json:"t"`
+	ID        string    `json:"id"`
+}
+
+// TaskRuns lists a task's runs, newest first, after the cursor when one is given.
 func TaskRuns(ctx context.Context, q Querier, companyID, taskID string, limit int) ([]Run, error) {
+	return TaskRunsAfter(ctx, q, companyID, taskID, nil, limit)
+}
+
+// TaskRunsAfter lists a task's runs, newest first, from after the cursor when one is given.
+func TaskRunsAfter(ctx context.Context, q Querier, companyID, taskID string, after *RunCursor, limit int) ([]Run, error) {
+	if !validUUID(taskID) || (after != nil && !validUUID(after.ID)) {
+		return nil, ErrNotFound
+	}
+	var at *time.Time
+	var id *string
+	if after != nil {
+		at, id = &after.CreatedAt, &after.ID
+	}
 	rows, err := q.Query(ctx, `SELECT `+runColumns+` FROM runs WHERE company_id = $1 AND task_id = $2
-		ORDER BY created_at DESC, id DESC LIMIT $3`, companyID, taskID, limit)
+			AND ($3::timestamptz IS NULL OR (created_at, id) < ($3, $4::uuid))
+		ORDER BY created_at DESC, id DESC LIMIT $5`, companyID, taskID, at, id, limit)
 	if err != nil {
 		return nil, fmt.Errorf("task runs: %w", err)
 	}

@@ -55,15 +55,20 @@ func TestRunLifecycle(t *testing.T) {
 	if _, err := db.TransitionRun(ctx, w.pool, r.ID, []string{db.RunQueued}, db.RunFailed, db.RunUpdate{}); !errors.Is(err, db.ErrRunState) {
 		t.Fatalf("stale transition: %v", err)
 	}
-	if err := db.SetRunLog(ctx, w.pool, r.ID, []byte("hello world"), 11, false); err != nil {
+	if err := db.SetRunLog(ctx, w.pool, r.ID, db.RunLog{Data: []byte("hello world"), Head: 11, Total: 11}); err != nil {
 		t.Fatal(err)
 	}
-	chunk, next, err := db.RunLogAfter(ctx, w.pool, w.companyID, r.ID, 6)
-	if err != nil || string(chunk) != "world" || next != 11 {
-		t.Fatalf("log after 6 = %q, next %d (%v)", chunk, next, err)
+	if l, err := db.RunLogOf(ctx, w.pool, w.companyID, r.ID); err != nil || string(l.Data) != "hello world" || l.Head != 11 ||
+		l.Total != 11 || l.Truncated {
+		t.Fatalf("log = %+v (%v)", l, err)
 	}
-	if chunk, next, _ := db.RunLogAfter(ctx, w.pool, w.companyID, r.ID, 50); len(chunk) != 0 || next != 11 {
-		t.Fatalf("log past the end = %q, %d", chunk, next)
+	kept := "head\n… 90 bytes omitted …\ntail\n"
+	if err := db.SetRunLog(ctx, w.pool, r.ID, db.RunLog{Data: []byte(kept), Head: 5, Total: 100, Truncated: true}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := db.RunLogOf(ctx, w.pool, w.companyID, r.ID); err != nil || string(l.Data) != kept || l.Head != 5 ||
+		l.Total != 100 || !l.Truncated {
+		t.Fatalf("truncated log = %+v (%v)", l, err)
 	}
 	if c, err := db.RequestRunCancel(ctx, w.pool, w.companyID, r.ID); err != nil || !c.CancelRequested {
 		t.Fatalf("cancel: %v", err)

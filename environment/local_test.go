@@ -432,8 +432,10 @@ func TestExecIntoLogBuffer(t *testing.T) {
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("result %+v, err %v", res, err)
 	}
-	if log.Total() != 100005 || !log.Truncated() || len(log.Bytes()) != 4096 {
-		t.Fatalf("log total %d truncated %v kept %d", log.Total(), log.Truncated(), len(log.Bytes()))
+	kept := log.Bytes()
+	if log.Total() != 100005 || !log.Truncated() || !strings.Contains(string(kept), "… 95909 bytes omitted …\n") ||
+		!strings.HasSuffix(string(kept), "tail\n") {
+		t.Fatalf("log total %d truncated %v kept %d bytes ending %q", log.Total(), log.Truncated(), len(kept), kept[max(0, len(kept)-40):])
 	}
 }
 

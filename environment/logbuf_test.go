@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,7 +44,19 @@ func hexSHA256(b []byte) string {
 	return hex.EncodeToString(s[:])
 }
 
-func TestLogBufferKeepsTheFirstLimitBytes(t *testing.T) {
+// keptForm is what a log of data keeps under limit: all of it, or the first and the last half
+// with the marker line between them, and the head's length.
+func keptForm(data []byte, limit int) ([]byte, int) {
+	if len(data) <= limit {
+		return data, len(data)
+	}
+	h, tl := limit/2, limit-limit/2
+	head, tail := data[:h], data[len(data)-tl:]
+	marker := LogMarker(int64(len(data)-h-tl), h > 0 && head[h-1] == '\n')
+	return append(append(append([]byte(nil), head...), marker...), tail...), h
+}
+
+func TestLogBufferKeepsHeadAndTail(t *testing.T) {
 	t.Parallel()
 	const mib = 1 << 20
 	cases := []struct {
@@ -54,9 +67,12 @@ func TestLogBufferKeepsTheFirstLimitBytes(t *testing.T) {
 		truncated bool
 	}{
 		{"3 MiB into the default 1 MiB", 0, 3 * mib, 7919, true},
+		{"3 MiB in one write", 0, 3 * mib, 3 * mib, true},
 		{"exactly the limit", mib, mib, 4096, false},
 		{"one byte over", mib, mib + 1, 4096, true},
 		{"small writes under a small limit", 10, 25, 3, true},
+		{"writes that wrap the tail", 10, 23, 4, true},
+		{"an odd limit", 7, 20, 1, true},
 		{"nothing", 10, 0, 1, false},
 	}
 	for _, c := range cases {
@@ -75,8 +91,12 @@ func TestLogBufferKeepsTheFirstLimitBytes(t *testing.T) {
 			if limit == 0 {
 				limit = DefaultLogLimit
 			}
-			if !bytes.Equal(b.Bytes(), data[:min(limit, len(data))]) {
-				t.Fatalf("kept %d bytes that are not the first %d written", len(b.Bytes()), limit)
+			want, head := keptForm(data, limit)
+			if got := b.Bytes(); !bytes.Equal(got, want) {
+				t.Fatalf("kept %d bytes, want %d: the first and last half with the marker", len(got), len(want))
+			}
+			if snap := b.Snapshot(); snap.Head != head || !bytes.Equal(snap.Data, want) || snap.Truncated != c.truncated {
+				t.Fatalf("snapshot head %d truncated %v, want %d %v", snap.Head, snap.Truncated, head, c.truncated)
 			}
 			if b.Total() != int64(c.written) || b.Truncated() != c.truncated {
 				t.Fatalf("total %d truncated %v, want %d %v", b.Total(), b.Truncated(), c.written, c.truncated)
@@ -85,6 +105,59 @@ func TestLogBufferKeepsTheFirstLimitBytes(t *testing.T) {
 				t.Fatalf("SHA256 %s is not the hash of the whole stream", got)
 			}
 		})
+	}
+}
+
+// TestLogBufferKeepsTheLastLine: a 3 MiB line of output followed by the line that matters keeps
+// that line at the end, after one marker line saying how much was dropped.
+func TestLogBufferKeepsTheLastLine(t *testing.T) {
+	t.Parallel()
+	b := NewLogBuffer(LogOptions{})
+	for range 3000 {
+		_, _ = b.Write(bytes.Repeat([]byte("a"), 1000))
+	}
+	_, _ = b.Write([]byte("\nLAST-LINE\n"))
+	kept := string(b.Bytes())
+	omitted := int64(3000000+11) - DefaultLogLimit
+	if !strings.HasSuffix(kept, "\nLAST-LINE\n") || strings.Count(kept, "bytes omitted") != 1 ||
+		!strings.Contains(kept, fmt.Sprintf("a\n… %d bytes omitted …\na", omitted)) {
+		t.Fatalf("kept %d bytes, ending %q", len(kept), kept[max(0, len(kept)-30):])
+	}
+}
+
+// TestLogAfter: offsets count the log's own bytes, so a reader keeps its place in the head, the
+// dropped middle and the moving tail.
+func TestLogAfter(t *testing.T) {
+	t.Parallel()
+	full := []byte("0123456789abcdefghij\nKLMNOPQRST\n") // 32 bytes
+	kept, head := keptForm(full, 16)                     // "01234567", the marker, "NOPQRST\n"
+	total := int64(len(full))
+	tail := full[len(full)-8:]
+	cases := []struct {
+		name   string
+		offset int64
+		want   string
+	}{
+		{"from the start", 0, string(kept)},
+		{"within the head", 5, string(kept[5:])},
+		{"at the end of the head", 8, string(LogMarker(16, false)) + string(tail)},
+		{"within the middle", 20, string(LogMarker(4, false)) + string(tail)},
+		{"within the tail", 27, string(full[27:])},
+		{"at the end", total, ""},
+		{"past the end", total + 10, ""},
+	}
+	for _, c := range cases {
+		got, next := LogAfter(kept, head, total, c.offset)
+		if string(got) != c.want || next != total {
+			t.Errorf("%s: LogAfter(%d) = %q, %d; want %q, %d", c.name, c.offset, got, next, c.want, total)
+		}
+	}
+	// A log under the cap is its own kept form: offsets are plain byte positions.
+	if got, next := LogAfter([]byte("hello world"), 11, 11, 6); string(got) != "world" || next != 11 {
+		t.Errorf("untruncated: %q, %d", got, next)
+	}
+	if got, next := LogAfter([]byte("hello world"), 11, 11, 50); len(got) != 0 || next != 11 {
+		t.Errorf("untruncated past the end: %q, %d", got, next)
 	}
 }
 
@@ -150,13 +223,14 @@ func TestLogBufferOnWriteByBytes(t *testing.T) {
 	}
 	var prev int64
 	for i, s := range snaps[:len(snaps)-1] {
-		if s.Final || (i > 0 && s.Total < prev+every) || int64(len(s.Data)) != min(s.Total, 1<<20) || s.Truncated != (s.Total > 1<<20) {
+		want, _ := keptForm(data[:s.Total], 1<<20)
+		if s.Final || (i > 0 && s.Total < prev+every) || !bytes.Equal(s.Data, want) || s.Truncated != (s.Total > 1<<20) {
 			t.Fatalf("snapshot %d: final %v total %d (previous %d) kept %d truncated %v", i, s.Final, s.Total, prev, len(s.Data), s.Truncated)
 		}
 		prev = s.Total
 	}
 	last := snaps[len(snaps)-1]
-	if !last.Final || last.Total != total || !last.Truncated || !bytes.Equal(last.Data, data[:1<<20]) {
+	if want, _ := keptForm(data, 1<<20); !last.Final || last.Total != total || !last.Truncated || !bytes.Equal(last.Data, want) {
 		t.Fatalf("final snapshot: final %v total %d truncated %v", last.Final, last.Total, last.Truncated)
 	}
 }
@@ -232,7 +306,7 @@ func TestLogBufferWithoutOnWrite(t *testing.T) {
 	_, _ = b.Write([]byte("abcdef"))
 	_ = b.Close()
 	_, _ = b.Write([]byte("g")) // still counted after Close
-	if string(b.Bytes()) != "abcd" || b.Total() != 7 || b.SHA256() != hexSHA256([]byte("abcdefg")) {
+	if string(b.Bytes()) != "ab\n… 3 bytes omitted …\nfg" || b.Total() != 7 || b.SHA256() != hexSHA256([]byte("abcdefg")) {
 		t.Fatalf("kept %q total %d", b.Bytes(), b.Total())
 	}
 }

@@ -83,14 +83,21 @@ func (le *leaseEnv) projectTask(companyID, envID, userID string) (string, db.Tas
 }
 
 // lease acquires a fresh active lease on envID in company A (or B when envID is B's) for a new
-// execution workspace and a new run of the company's task.
+// execution workspace and a new run of a new task of the company's project (a task has one live
+// run at a time).
 func (le *leaseEnv) lease(envID string) db.Lease {
 	le.t.Helper()
 	ctx := context.Background()
-	cid, proj, task, user := le.r.A.ID, le.projA, le.taskA.ID, le.r.Board.User.ID
+	cid, proj, user := le.r.A.ID, le.projA, le.r.Board.User.ID
 	if envID == le.envB {
-		cid, proj, task, user = le.r.B.ID, le.projB, le.taskB.ID, le.r.Other.User.ID
+		cid, proj, user = le.r.B.ID, le.projB, le.r.Other.User.ID
 	}
+	t, err := db.CreateTask(ctx, le.pool, cid, proj, user, db.TaskFields{Title: "Leased", Command: "true", Trust: "standard",
+		WorkspaceMode: "inherit"})
+	if err != nil {
+		le.t.Fatal(err)
+	}
+	task := t.ID
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	ws, err := db.CreateExecutionWorkspace(ctx, le.pool, db.NewExecutionWorkspace{CompanyID: cid, ProjectID: proj,

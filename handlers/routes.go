@@ -137,12 +137,14 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 
 	// Runs (start and cancel: board members).
 	mux.Handle("POST /api/tasks/{id}/runs", s.api(s.createRunAPI))
+	mux.Handle("GET /api/tasks/{id}/runs", s.api(s.taskRunsAPI))
 	mux.Handle("GET /api/runs/{id}", s.api(getObjectAPI(s, "runs", db.RunByID, newRunJSON)))
 	mux.Handle("GET /api/runs/{id}/log", s.api(s.runLogAPI))
 	mux.Handle("POST /api/runs/{id}/cancel", s.api(s.cancelRunAPI))
 
 	mux.Handle("POST /tasks/{id}/runs", s.page(s.createRunForm))
 	mux.Handle("GET /runs/{id}", s.page(s.runPage))
+	mux.Handle("GET /runs/{id}/log", s.page(s.runLogDownload))
 	mux.Handle("POST /runs/{id}/cancel", s.page(s.cancelRunForm))
 
 	// Execution workspaces: list, detail, ledger, close-readiness, close and reopen (changes:

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"berth/db"
+	"berth/environment"
 	"berth/jobs"
 	"berth/views"
 	"berth/workspace"
@@ -45,17 +46,63 @@ func newRunJSON(r db.Run) runJSON {
 		CreatedAt: r.CreatedAt.UTC(), StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt)}
 }
 
-// runRequest is the optional body of POST /api/tasks/{id}/runs.
+// runRequest is the optional body of POST /api/tasks/{id}/runs, with the Idempotency-Key header.
 type runRequest struct {
-	TimeoutS *int `json:"timeout_s"`
+	TimeoutS       *int   `json:"timeout_s"`
+	IdempotencyKey string `json:"-"` // from the Idempotency-Key header; "" for none
+}
+
+// maxIdempotencyKey bounds an Idempotency-Key header.
+const maxIdempotencyKey = 255
+
+// idempotencyKey reads the Idempotency-Key header: "" when absent; 400 bad_idempotency_key when
+// empty, longer than 255 bytes or not printable ASCII.
+func idempotencyKey(r *http.Request) (string, error) {
+	vals, ok := r.Header["Idempotency-Key"]
+	if !ok {
+		return "", nil
+	}
+	bad := badRequest("bad_idempotency_key", "Idempotency-Key must be 1 to 255 printable ASCII characters.")
+	if len(vals) != 1 || vals[0] == "" || len(vals[0]) > maxIdempotencyKey {
+		return "", bad
+	}
+	for _, c := range []byte(vals[0]) {
+		if c < 0x21 || c > 0x7e {
+			return "", bad
+		}
+	}
+	return vals[0], nil
+}
+
+// idempotencyPrincipal names who an Idempotency-Key belongs to: keys are per principal.
+func idempotencyPrincipal(p *principal) string {
+	if p.Run != nil {
+		return "run:" + p.Run.ID
+	}
+	return "user:" + p.User.ID
 }
 
 // errRunsUnavailable is answered when this process cannot enqueue jobs.
 var errRunsUnavailable = &httpError{Status: http.StatusServiceUnavailable, Code: "jobs_unavailable", Message: "This server cannot queue runs."}
 
+// runInProgress is the 409 for a task that already has a live run: it names that run.
+func runInProgress(live db.Run) error {
+	return &httpError{Status: http.StatusConflict, Code: "run_in_progress",
+		Message: "The task already has a run in progress: wait for it to end or cancel it.",
+		Extra:   map[string]any{"run": map[string]any{"id": live.ID, "status": live.Status}}}
+}
+
+// errIdempotencyKeyReused refuses a key its principal already used for another task.
+var errIdempotencyKeyReused = &httpError{Status: http.StatusConflict, Code: "idempotency_key_reused",
+	Message: "This Idempotency-Key was used for another task's run in the last 24 hours: use a new key."}
+
 // admitRun resolves the task's plan and, when nothing blocks it, records a queued run and enqueues
-// provision in the same transaction. A blocked plan records the run as failed with the first
-// blocker's code, provisions nothing, and answers 409 with the blockers and the run.
+// provision in the same transaction. One run per task is live at a time: while one is, the answer
+// is 409 run_in_progress naming it (returned with the error), checked under the task's row lock
+// and enforced by the database (runs_one_live_per_task). With an Idempotency-Key the principal's
+// key answers with the run it admitted before (live or ended) for 24 hours, and is refused on
+// another task. A blocked plan records the run as failed with the first blocker's code,
+// provisions nothing, and answers 409 with the blockers and the run.
 func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID string, in runRequest) (db.Run, error) {
 	if s.jobs == nil {
 		return db.Run{}, errRunsUnavailable
@@ -67,6 +114,7 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 		}
 		timeout = *in.TimeoutS
 	}
+	owner := idempotencyPrincipal(a.P)
 	var (
 		run     db.Run
 		blocked *workspace.Plan
@@ -74,6 +122,24 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		task, err := db.LockTask(ctx, tx, a.Company.ID, taskID)
 		if err != nil {
+			return err
+		}
+		if in.IdempotencyKey != "" {
+			k, err := db.RunForIdempotencyKey(ctx, tx, owner, in.IdempotencyKey)
+			switch {
+			case err == nil && k.TaskID != taskID:
+				return errIdempotencyKeyReused
+			case err == nil:
+				run, err = db.RunByID(ctx, tx, a.Company.ID, k.RunID)
+				return err
+			case !errors.Is(err, db.ErrNotFound):
+				return err
+			}
+		}
+		if live, err := db.LiveTaskRun(ctx, tx, a.Company.ID, taskID); err == nil {
+			run = live
+			return runInProgress(live)
+		} else if !errors.Is(err, db.ErrNotFound) {
 			return err
 		}
 		if task.ProjectStatus != "active" {
@@ -93,8 +159,23 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 		}
 		run, err = db.CreateRun(ctx, tx, db.NewRun{CompanyID: a.Company.ID, TaskID: taskID, EnvironmentID: plan.EnvironmentID,
 			CreatedBy: a.P.User.ID, Command: task.Command, Plan: planJSON, TimeoutS: timeout})
+		if errors.Is(err, db.ErrConflict) { // a run admitted without the task lock: the index still holds
+			if live, lerr := db.LiveTaskRun(ctx, tx, a.Company.ID, taskID); lerr == nil {
+				run = live
+				return runInProgress(live)
+			}
+		}
 		if err != nil {
 			return err
+		}
+		if in.IdempotencyKey != "" {
+			err := db.RecordIdempotencyKey(ctx, tx, owner, in.IdempotencyKey, a.Company.ID, taskID, run.ID)
+			if errors.Is(err, db.ErrConflict) { // the same key, committed meanwhile for another task
+				return errIdempotencyKeyReused
+			}
+			if err != nil {
+				return err
+			}
 		}
 		if plan.Blocked {
 			blocked = &plan
@@ -110,6 +191,10 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 		}
 		return s.auditTx(ctx, tx, r, a, "run.created", "run", run.ID, map[string]any{"task_id": taskID})
 	})
+	var he *httpError
+	if errors.As(err, &he) && he.Code == "run_in_progress" {
+		return run, err
+	}
 	if err != nil {
 		return db.Run{}, err
 	}
@@ -121,7 +206,8 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 	return run, nil
 }
 
-// createRunAPI is POST /api/tasks/{id}/runs (board members): 202 with the queued run.
+// createRunAPI is POST /api/tasks/{id}/runs (board members): 202 with the queued run, or with the
+// run an Idempotency-Key admitted before.
 func (s *Server) createRunAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
 	id := r.PathValue("id")
 	a, err := s.manageObject(r, p, "tasks", id, "run.create", "task")
@@ -134,6 +220,9 @@ func (s *Server) createRunAPI(w http.ResponseWriter, r *http.Request, p *princip
 			return err
 		}
 	}
+	if in.IdempotencyKey, err = idempotencyKey(r); err != nil {
+		return err
+	}
 	run, err := s.admitRun(r.Context(), r, a, id, in)
 	if err != nil {
 		return err
@@ -143,28 +232,95 @@ func (s *Server) createRunAPI(w http.ResponseWriter, r *http.Request, p *princip
 	return nil
 }
 
-// runLogAPI is GET /api/runs/{id}/log?offset=N: the stored log bytes after N as text/plain, with
-// the next offset in X-Log-Offset, for tailing.
+// taskRunsAPI is GET /api/tasks/{id}/runs (readers): the task's runs, newest first, paged.
+func (s *Server) taskRunsAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
+	ctx, id := r.Context(), r.PathValue("id")
+	a, err := s.objectAccess(ctx, p, "tasks", id)
+	if err != nil {
+		return err
+	}
+	limit, cursor, err := pageParams(r)
+	if err != nil {
+		return err
+	}
+	var after *db.RunCursor
+	if cursor != "" {
+		after = &db.RunCursor{}
+		if err := decodeCursor(cursor, after); err != nil {
+			return err
+		}
+		if !db.ValidID(after.ID) {
+			return badRequest("bad_cursor", "The cursor is not valid; start again without it.")
+		}
+	}
+	runs, err := db.TaskRunsAfter(ctx, s.pool, a.Company.ID, id, after, limit+1)
+	if err != nil {
+		return err
+	}
+	runs, next := keysetPage(runs, limit, func(r db.Run) any { return db.RunCursor{CreatedAt: r.CreatedAt, ID: r.ID} })
+	out := listResponse[runJSON]{Items: make([]runJSON, 0, len(runs)), NextCursor: next}
+	for _, r := range runs {
+		out.Items = append(out.Items, newRunJSON(r))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// runLogAPI is GET /api/runs/{id}/log?offset=N: what follows the first N bytes the run printed,
+// as text/plain, with the next offset (the bytes printed so far) in X-Log-Offset, for tailing.
+// Past the cap that is the rest of the kept head, the marker line and the kept tail
+// (environment.LogAfter). With download=1 it is the whole kept log as an attachment.
 func (s *Server) runLogAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
 	id := r.PathValue("id")
 	a, err := s.objectAccess(r.Context(), p, "runs", id)
 	if err != nil {
 		return err
 	}
+	q := r.URL.Query()
+	if q.Get("download") == "1" {
+		return s.sendRunLog(w, r, a, id)
+	}
 	var offset int64
-	if v := r.URL.Query().Get("offset"); v != "" {
+	if v := q.Get("offset"); v != "" {
 		if offset, err = strconv.ParseInt(v, 10, 64); err != nil || offset < 0 {
 			return badRequest("bad_offset", "offset must be a whole number of bytes, 0 or more.")
 		}
 	}
-	chunk, next, err := db.RunLogAfter(r.Context(), s.pool, a.Company.ID, id, offset)
+	l, err := db.RunLogOf(r.Context(), s.pool, a.Company.ID, id)
+	if err != nil {
+		return err
+	}
+	chunk, next := environment.LogAfter(l.Data, l.Head, l.Total, offset)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Log-Offset", strconv.FormatInt(next, 10))
+	w.Header().Set("X-Log-Truncated", strconv.FormatBool(l.Truncated))
+	_, err = w.Write(chunk)
+	return err
+}
+
+// runLogDownload is GET /runs/{id}/log (readers): the kept log as a file, for the run page.
+func (s *Server) runLogDownload(w http.ResponseWriter, r *http.Request, p *principal) error {
+	id := r.PathValue("id")
+	a, err := s.objectAccess(r.Context(), p, "runs", id)
+	if err != nil {
+		return err
+	}
+	return s.sendRunLog(w, r, a, id)
+}
+
+// sendRunLog answers the run's kept log as an attachment named after the run.
+func (s *Server) sendRunLog(w http.ResponseWriter, r *http.Request, a access, id string) error {
+	l, err := db.RunLogOf(r.Context(), s.pool, a.Company.ID, id)
 	if err != nil {
 		return err
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Content-Disposition", `attachment; filename="run-`+id+`.log"`)
 	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Log-Offset", strconv.FormatInt(next, 10))
-	_, err = w.Write(chunk)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Log-Truncated", strconv.FormatBool(l.Truncated))
+	_, err = w.Write(l.Data)
 	return err
 }
 
@@ -219,13 +375,13 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request, p *principal) e
 	if err != nil {
 		return err
 	}
-	log, _, err := db.RunLogAfter(ctx, s.pool, a.Company.ID, id, 0)
+	log, err := db.RunLogOf(ctx, s.pool, a.Company.ID, id)
 	if err != nil {
 		return err
 	}
 	v := views.RunView{ID: run.ID, TaskID: task.ID, TaskKey: task.Key, TaskTitle: task.Title, Status: run.Status,
 		ErrorCode: run.ErrorCode, ErrorMessage: run.ErrorMessage, ExitCode: run.ExitCode, Command: run.Command,
-		Live: run.Live(), CancelRequested: run.CancelRequested, CanManage: a.canManage(), Log: string(log),
+		Live: run.Live(), CancelRequested: run.CancelRequested, CanManage: a.canManage(), Log: string(log.Data),
 		LogBytes: run.LogBytes, LogTruncated: run.LogTruncated, CreatedAt: run.CreatedAt, StartedAt: run.StartedAt,
 		FinishedAt: run.FinishedAt, WorkspaceID: run.ExecutionWorkspaceID}
 	for _, o := range ops {
@@ -285,6 +441,14 @@ func (s *Server) taskRunsData(ctx context.Context, a access, taskID string, snap
 	plan := workspace.ResolvePlan(planInput(snap))
 	d := views.TaskRunsData{TaskID: taskID, Blocked: plan.Blocked, NoCommand: snap.Task.Command == ""}
 	d.CanRun = a.canManage() && !d.Blocked && !d.NoCommand && snap.Task.ProjectStatus == "active" && s.jobs != nil
+	live, err := db.LiveTaskRun(ctx, s.pool, a.Company.ID, taskID)
+	switch {
+	case err == nil: // the Run button shows the live run instead of queueing another
+		d.Live = &views.TaskRunRow{ID: live.ID, Status: live.Status, CreatedAt: live.CreatedAt}
+		d.CanRun = false
+	case !errors.Is(err, db.ErrNotFound):
+		return views.TaskRunsData{}, err
+	}
 	for _, r := range runs {
 		d.Runs = append(d.Runs, views.TaskRunRow{ID: r.ID, Status: r.Status, ErrorCode: r.ErrorCode, CreatedAt: r.CreatedAt})
 	}

@@ -104,7 +104,7 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	go w.watch(runCtx, stop, run, lease)
 
 	log := environment.NewLogBuffer(environment.LogOptions{FlushInterval: logFlush, OnWrite: func(s environment.LogSnapshot) {
-		_ = db.SetRunLog(context.WithoutCancel(ctx), w.deps.Pool, run.ID, s.Data, s.Total, s.Truncated)
+		_ = db.SetRunLog(context.WithoutCancel(ctx), w.deps.Pool, run.ID, runLogOf(s))
 	}})
 	req := environment.ExecRequest{Command: run.Command, Dir: dir, Log: log, Tag: run.ID,
 		Timeout: time.Duration(run.TimeoutS) * time.Second,
@@ -140,7 +140,7 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	exit := res.ExitCode
 	return db.InTx(context.WithoutCancel(ctx), w.deps.Pool, func(tx pgx.Tx) error {
 		bg := context.WithoutCancel(ctx)
-		if err := db.SetRunLog(bg, tx, run.ID, log.Bytes(), log.Total(), log.Truncated()); err != nil {
+		if err := db.SetRunLog(bg, tx, run.ID, runLogOf(log.Snapshot())); err != nil {
 			return err
 		}
 		u := db.RunUpdate{ErrorCode: &code, ErrorMessage: &msg, Finished: true}
@@ -152,6 +152,11 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 		}
 		return w.enqueueFinalize(bg, tx, run)
 	})
+}
+
+// runLogOf is what the run row keeps of a log snapshot: head, marker and tail past the cap.
+func runLogOf(s environment.LogSnapshot) db.RunLog {
+	return db.RunLog{Data: s.Data, Head: s.Head, Total: s.Total, Truncated: s.Truncated}
 }
 
 // codeHostKeyMismatch fails a run on an ssh host whose key is not the pinned one.

@@ -73,6 +73,7 @@ type sweepWorld struct {
 	t                                  *testing.T
 	pool                               *pgxpool.Pool
 	company, env, project, task, space string
+	user                               string
 	ins                                *river.Client[pgx.Tx]
 }
 
@@ -110,7 +111,7 @@ func newSweepWorld(t *testing.T) *sweepWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.task = task.ID
+	w.task, w.user = task.ID, u.ID
 	w.space = w.workspace()
 	w.ins, err = NewClient(Deps{Pool: w.pool, Log: discardLog()}, ClientOptions{Work: false})
 	if err != nil {
@@ -132,15 +133,21 @@ func (w *sweepWorld) workspace() string {
 	return ws.ID
 }
 
-// run inserts a run in status on node, its heartbeat age ago (-1: none), created age ago too.
+// run inserts a run in status on node, its heartbeat age ago (-1: none), created age ago too. Each
+// run has a task of its own: a task has one live run at a time.
 func (w *sweepWorld) run(status, node string, age time.Duration) string {
 	w.t.Helper()
+	task, err := db.CreateTask(context.Background(), w.pool, w.company, w.project, w.user, db.TaskFields{Title: "T",
+		Command: "true", Trust: "standard", WorkspaceMode: "inherit"})
+	if err != nil {
+		w.t.Fatal(err)
+	}
 	var id string
-	err := w.pool.QueryRow(context.Background(), `INSERT INTO runs (company_id, task_id, environment_id,
+	err = w.pool.QueryRow(context.Background(), `INSERT INTO runs (company_id, task_id, environment_id,
 			execution_workspace_id, status, command, node_id, created_at, heartbeat_at)
 		VALUES ($1, $2, $3, CASE WHEN $4 = 'queued' THEN NULL ELSE $5::uuid END, $4, 'true', $6,
 			now() - $7::interval, CASE WHEN $4 = 'queued' THEN NULL ELSE now() - $7::interval END)
-		RETURNING id`, w.company, w.task, w.env, status, w.workspace(), node, age).Scan(&id)
+		RETURNING id`, w.company, task.ID, w.env, status, w.workspace(), node, age).Scan(&id)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -413,7 +420,7 @@ func TestRunMiddleware(t *testing.T) {
 	id := w.run(db.RunPreparing, "n1", 10*time.Minute)
 	r := w.runRow(id)
 	lease, err := db.AcquireLease(ctx, w.pool, db.LeaseRequest{CompanyID: w.company, EnvironmentID: w.env,
-		ExecutionWorkspaceID: r.ExecutionWorkspaceID, TaskID: w.task, RunID: id, TTL: time.Second})
+		ExecutionWorkspaceID: r.ExecutionWorkspaceID, TaskID: r.TaskID, RunID: id, TTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -593,7 +600,7 @@ func TestExpireLeasesAndCleanup(t *testing.T) {
 	id := w.run(db.RunRunning, "n1", 0)
 	r := w.runRow(id)
 	lease, err := db.AcquireLease(ctx, w.pool, db.LeaseRequest{CompanyID: w.company, EnvironmentID: w.env,
-		ExecutionWorkspaceID: r.ExecutionWorkspaceID, TaskID: w.task, RunID: id, TTL: time.Millisecond})
+		ExecutionWorkspaceID: r.ExecutionWorkspaceID, TaskID: r.TaskID, RunID: id, TTL: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -656,7 +663,7 @@ func TestCleanupLeaseOtherNodeAndLiveLease(t *testing.T) {
 	id := w.run(db.RunRunning, "n2", 0)
 	r := w.runRow(id)
 	lease, err := db.AcquireLease(ctx, w.pool, db.LeaseRequest{CompanyID: w.company, EnvironmentID: w.env,
-		ExecutionWorkspaceID: r.ExecutionWorkspaceID, TaskID: w.task, RunID: id, TTL: time.Hour})
+		ExecutionWorkspaceID: r.ExecutionWorkspaceID, TaskID: r.TaskID, RunID: id, TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
