@@ -2,7 +2,9 @@ package handlers
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"berth/db"
@@ -35,9 +37,10 @@ func (f loginForm) validate() string {
 }
 
 // login checks the credentials. Failure re-renders the form with one message for every cause (no
-// hint which emails exist), creates no session and is audited; too many recent failures for the
-// account or the address answer 429 before the password is checked. Success renews the session
-// token (against fixation) and redirects to the dashboard.
+// hint which emails exist), creates no session and is audited. Repeated failures are slowed down,
+// never locked out (LoginLimit): while a wait is due the answer is 429 with Retry-After before the
+// password is checked. Success renews the session token (against fixation) and redirects to the
+// dashboard.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) error {
 	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
 	if err := r.ParseForm(); err != nil {
@@ -53,14 +56,15 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	ip := clientIP(r)
 
-	byEmail, byIP, err := db.RecentLoginFailures(ctx, s.pool, f.Email, ip, s.limit.Window)
+	failures, err := db.RecentLoginFailureState(ctx, s.pool, f.Email, ip, s.limit.Window)
 	if err != nil {
 		return err
 	}
-	if byEmail >= s.limit.PerAccount || byIP >= s.limit.PerAddress {
-		s.audit(ctx, r, nil, "", "login.rate_limited", "user", f.Email, map[string]any{"email": f.Email})
-		w.Header().Set("Retry-After", "60")
-		return fail(http.StatusTooManyRequests, "Too many failed sign-ins. Wait a minute and try again.")
+	if wait := s.limit.loginWait(failures); wait > 0 {
+		secs := retryAfterSeconds(wait)
+		s.audit(ctx, r, nil, "", "login.rate_limited", "user", f.Email, map[string]any{"email": f.Email, "retry_after": secs})
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		return fail(http.StatusTooManyRequests, fmt.Sprintf("Too many failed sign-ins. Try again in %d seconds.", secs))
 	}
 
 	u, err := db.UserByEmail(ctx, s.pool, f.Email)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
 	"net/http"
 	"runtime/debug"
 	"time"
@@ -17,15 +16,18 @@ const (
 	principalKey
 )
 
-// middleware wraps the routes, outermost first: request id and logging, panic recovery,
-// security headers, cross-origin refusal, the session, then the caller's identity.
+// middleware wraps the routes, outermost first: the client address, request id and logging,
+// panic recovery, security headers, the Host check, cross-origin refusal, the session, then the
+// caller's identity.
 func (s *Server) middleware(h http.Handler) http.Handler {
 	h = s.identify(h)
 	h = s.sessions.LoadAndSave(h)
 	h = s.crossOrigin(h)
+	h = s.hostCheck(h)
 	h = s.securityHeaders(h)
 	h = s.recoverPanics(h)
 	h = s.logRequests(h)
+	h = s.clientAddress(h)
 	return h
 }
 
@@ -129,11 +131,13 @@ func (s *Server) securityHeaders(next http.Handler) http.Handler {
 }
 
 // crossOrigin refuses state-changing browser requests from other origins with 403 (and audits
-// the refusal). Requests without Origin or Sec-Fetch-Site are non-browser clients and pass; they
-// must still authenticate with a bearer token, which browsers never attach by themselves.
+// the refusal). A state-changing request that carries the session cookie must also prove it is
+// same-origin with Origin or Sec-Fetch-Site: every supported browser sends one, so a cookie-only
+// request without either is refused too. Bearer-token requests (no cookie) without the headers
+// are non-browser clients and pass; browsers never attach a token by themselves.
 func (s *Server) crossOrigin(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := s.cop.Check(r); err != nil {
+		if err := s.cop.Check(r); err != nil || s.cookieWithoutOrigin(r) {
 			ctx, cancel := background(r.Context())
 			defer cancel()
 			s.audit(ctx, r, nil, "", "request.cross_origin_refused", "", "", map[string]any{
@@ -145,11 +149,16 @@ func (s *Server) crossOrigin(next http.Handler) http.Handler {
 	})
 }
 
-// clientIP is the peer address of the connection. Berth does not trust forwarding headers.
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
+// cookieWithoutOrigin reports an unsafe request that would be authenticated by the session cookie
+// yet names no origin at all (neither Origin nor Sec-Fetch-Site).
+func (s *Server) cookieWithoutOrigin(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return false
 	}
-	return host
+	if r.Header.Get("Origin") != "" || r.Header.Get("Sec-Fetch-Site") != "" || r.Header.Get("Authorization") != "" {
+		return false
+	}
+	_, err := r.Cookie(s.sessions.Cookie.Name)
+	return err == nil
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -47,18 +48,14 @@ type Deps struct {
 	// workspace sources; instance admins may use any path.
 	SourceRoots []string
 	Version     string
-	// LoginLimit bounds failed sign-ins per account and per address within LoginWindow;
-	// zero values take the defaults.
+	// LoginLimit slows repeated failed sign-ins per account and per address; zero values take
+	// the defaults.
 	LoginLimit LoginLimit
+	// TrustedProxies are the peers whose X-Forwarded-For names the client address; empty trusts
+	// no forwarding header.
+	TrustedProxies []netip.Prefix
 	// ImageSetup runs image setup sessions' shells on this node; nil refuses setup sessions.
 	ImageSetup *ImageSetup
-}
-
-// LoginLimit is the sign-in rate limit.
-type LoginLimit struct {
-	PerAccount int
-	PerAddress int
-	Window     time.Duration
 }
 
 // Server holds the dependencies every handler uses.
@@ -73,6 +70,7 @@ type Server struct {
 	workspaces  *workspace.Manager
 	version     string
 	limit       LoginLimit
+	proxies     []netip.Prefix
 	sessions    *scs.SessionManager
 	cop         *http.CrossOriginProtection
 	handler     http.Handler
@@ -96,17 +94,10 @@ func New(d Deps) (*Server, error) {
 		workspaces:  d.Workspaces,
 		version:     d.Version,
 		limit:       d.LoginLimit,
+		proxies:     d.TrustedProxies,
 		imageSetup:  d.ImageSetup,
 	}
-	if s.limit.PerAccount <= 0 {
-		s.limit.PerAccount = 5
-	}
-	if s.limit.PerAddress <= 0 {
-		s.limit.PerAddress = 20
-	}
-	if s.limit.Window <= 0 {
-		s.limit.Window = time.Minute
-	}
+	s.limit = s.limit.withDefaults()
 
 	s.sessions = scs.New()
 	// No cleanup goroutine (its start races with StopCleanup): the housekeeping job deletes

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -25,6 +26,9 @@ type config struct {
 	AdminPassword string
 	Demo          bool
 	LogLevel      slog.Level
+	// TrustedProxies are the peers allowed to name the client in X-Forwarded-For
+	// (BERTH_TRUSTED_PROXIES).
+	TrustedProxies []netip.Prefix
 }
 
 // flagSet is a FlagSet that prints its errors as one line and its help on request.
@@ -108,7 +112,37 @@ func (c *config) finish(getenv func(string) string, baseURL string) error {
 	}
 	c.AdminEmail = getenv("BERTH_ADMIN_EMAIL")
 	c.AdminPassword = getenv("BERTH_ADMIN_PASSWORD")
+	if c.TrustedProxies, err = parseTrustedProxies(getenv("BERTH_TRUSTED_PROXIES")); err != nil {
+		return err
+	}
 	return nil
+}
+
+// parseTrustedProxies reads BERTH_TRUSTED_PROXIES: comma-separated CIDRs (a bare address is a
+// single host).
+func parseTrustedProxies(v string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !strings.Contains(f, "/") {
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				return nil, fmt.Errorf("BERTH_TRUSTED_PROXIES %q: want comma-separated CIDRs", f)
+			}
+			a = a.Unmap()
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, fmt.Errorf("BERTH_TRUSTED_PROXIES %q: want comma-separated CIDRs", f)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // envBool reads a boolean environment variable: on/off, true/false, 1/0, yes/no.

@@ -39,7 +39,8 @@ commands:
   version     print the version
 
 configuration (environment): BERTH_ADDR, BERTH_DATA_DIR, BERTH_BASE_URL, DATABASE_URL,
-BERTH_SECRET_KEY, BERTH_WORKERS, BERTH_ADMIN_EMAIL, BERTH_ADMIN_PASSWORD, BERTH_LOG_LEVEL
+BERTH_SECRET_KEY, BERTH_WORKERS, BERTH_ADMIN_EMAIL, BERTH_ADMIN_PASSWORD, BERTH_LOG_LEVEL,
+BERTH_TRUSTED_PROXIES (comma-separated CIDRs of reverse proxies whose X-Forwarded-For is believed)
 `
 
 // run is main without the process: arguments, environment and streams come in, an error goes out.

@@ -365,3 +365,16 @@ func postmasterPID(t *testing.T, dataDir string) int {
 	fmt.Sscanf(string(b), "%d", &pid)
 	return pid
 }
+
+func TestParseTrustedProxies(t *testing.T) {
+	t.Parallel()
+	got, err := parseTrustedProxies(" 10.0.0.0/8, 192.168.1.7 ,::1/128,")
+	if err != nil || len(got) != 3 || got[0].String() != "10.0.0.0/8" || got[1].String() != "192.168.1.7/32" || got[2].String() != "::1/128" {
+		t.Fatalf("parse: %v, %v", got, err)
+	}
+	for _, bad := range []string{"10.0.0.0/33", "proxy.example", "10.0.0.1/8/2"} {
+		if _, err := parseTrustedProxies(bad); err == nil {
+			t.Errorf("%q: accepted", bad)
+		}
+	}
+}

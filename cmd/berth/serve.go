@@ -147,7 +147,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version,
+	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
 		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}})
 	if err != nil {
 		return err
