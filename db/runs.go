@@ -298,7 +298,7 @@ type RunCursor struct {
 	ID        string    `json:"id"`
 }
 
-// TaskRuns lists a task's runs, newest first, after the cursor when one is given.
+// TaskRuns lists a task's latest runs, newest first.
 func TaskRuns(ctx context.Context, q Querier, companyID, taskID string, limit int) ([]Run, error) {
 	return TaskRunsAfter(ctx, q, companyID, taskID, nil, limit)
 }

@@ -166,7 +166,7 @@ func (b *LogBuffer) keptLocked() ([]byte, int) {
 	omitted := b.total - int64(len(b.head)) - int64(tailLen)
 	var marker []byte
 	if omitted > 0 {
-		marker = LogMarker(omitted, len(b.head) > 0 && b.head[len(b.head)-1] == '\n')
+		marker = LogMarker(omitted, len(b.head) == 0 || b.head[len(b.head)-1] == '\n')
 	}
 	out := make([]byte, 0, len(b.head)+len(marker)+tailLen)
 	out = append(out, b.head...)

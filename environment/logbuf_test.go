@@ -52,7 +52,7 @@ func keptForm(data []byte, limit int) ([]byte, int) {
 	}
 	h, tl := limit/2, limit-limit/2
 	head, tail := data[:h], data[len(data)-tl:]
-	marker := LogMarker(int64(len(data)-h-tl), h > 0 && head[h-1] == '\n')
+	marker := LogMarker(int64(len(data)-h-tl), h == 0 || head[h-1] == '\n')
 	return append(append(append([]byte(nil), head...), marker...), tail...), h
 }
 
@@ -73,6 +73,7 @@ func TestLogBufferKeepsHeadAndTail(t *testing.T) {
 		{"small writes under a small limit", 10, 25, 3, true},
 		{"writes that wrap the tail", 10, 23, 4, true},
 		{"an odd limit", 7, 20, 1, true},
+		{"a one-byte limit keeps the last byte", 1, 5, 2, true},
 		{"nothing", 10, 0, 1, false},
 	}
 	for _, c := range cases {

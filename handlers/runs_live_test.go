@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -172,6 +173,33 @@ func TestRunIdempotencyKey(t *testing.T) {
 	if n := re.count(`SELECT count(*) FROM runs WHERE task_id = $1`, task.ID); n != 1 {
 		t.Fatalf("%d runs for one key, want 1", n)
 	}
+	// A burst with one key on a fresh task admits one run and answers it to every request.
+	burst := re.task("echo burst")
+	ids := make([]string, 5)
+	errs := make([]error, 5)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Go(func() {
+			code, out, err := re.postRun(re.r.Board, burst.ID, "burst-1")
+			if err == nil && code != http.StatusAccepted {
+				err = fmt.Errorf("burst answer %d %v", code, out)
+			}
+			if err == nil {
+				ids[i] = out["id"].(string)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i := range ids {
+		if errs[i] != nil || ids[i] != ids[0] {
+			t.Fatalf("burst with one key: %v, ids %v", errs[i], ids)
+		}
+	}
+	if n := re.count(`SELECT count(*) FROM runs WHERE task_id = $1`, burst.ID); n != 1 {
+		t.Fatalf("a burst with one key recorded %d runs", n)
+	}
+	re.waitRun(ids[0], "the burst run's end", ended)
 	code, reused, err := re.postRun(re.r.Board, other.ID, "deploy-42")
 	if e, _ := reused["error"].(map[string]any); err != nil || code != http.StatusConflict || e["code"] != "idempotency_key_reused" {
 		t.Fatalf("same key on another task = %d %v %v", code, reused, err)
