@@ -34,9 +34,15 @@ func (in agentInput) validate() map[string]string {
 		fields["name"] = "Enter a name."
 	case n > 100:
 		fields["name"] = "Use at most 100 characters."
+	default:
+		if msg := textProblem(in.Name); msg != "" {
+			fields["name"] = "The name " + msg + "."
+		}
 	}
 	if utf8.RuneCountInString(in.Description) > 2000 {
 		fields["description"] = "Use at most 2000 characters."
+	} else if msg := descriptionProblem(in.Description); msg != "" {
+		fields["description"] = "The description " + msg + "."
 	}
 	return fields
 }

@@ -37,6 +37,10 @@ func (in companyInput) validate() map[string]string {
 		fields["name"] = "Enter a name."
 	case n > 200:
 		fields["name"] = "Use at most 200 characters."
+	default:
+		if msg := textProblem(in.Name); msg != "" {
+			fields["name"] = "The name " + msg + "."
+		}
 	}
 	if !companySlugPattern.MatchString(in.Slug) {
 		fields["slug"] = "Use 1 to 63 lowercase letters, digits and dashes, starting with a letter or digit."

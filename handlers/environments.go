@@ -103,6 +103,8 @@ func environmentNameOf(raw string, fields map[string]string) string {
 	name := strings.TrimSpace(raw)
 	if msg := environment.ValidName(name); msg != "" {
 		fields["name"] = msg
+	} else if msg := textProblem(name); msg != "" {
+		fields["name"] = msg
 	}
 	return name
 }

@@ -55,10 +55,8 @@ func projectWorkspaceNameProblem(name string) string {
 		return "is required"
 	case utf8.RuneCountInString(name) > maxWorkspaceNameLen:
 		return fmt.Sprintf("must be at most %d characters", maxWorkspaceNameLen)
-	case strings.ContainsFunc(name, projectControlRune):
-		return "must not contain control characters"
 	}
-	return ""
+	return textProblem(name)
 }
 
 // projectWorkspaceCommandProblem says what is wrong with a setup or cleanup command, or "".

@@ -58,10 +58,8 @@ func projectNameProblem(name string) string {
 		return "is required"
 	case utf8.RuneCountInString(name) > 200:
 		return "must be at most 200 characters"
-	case strings.ContainsFunc(name, projectControlRune):
-		return "must not contain control characters"
 	}
-	return ""
+	return textProblem(name)
 }
 
 // projectKeyProblem says what is wrong with a project key, or "".
@@ -80,7 +78,7 @@ func projectDescriptionProblem(d string) string {
 	if utf8.RuneCountInString(d) > 10000 {
 		return "must be at most 10000 characters"
 	}
-	return ""
+	return descriptionProblem(d)
 }
 
 // projectControlRune reports the characters refused in names.

@@ -29,6 +29,16 @@ func validateTask(f db.TaskFields) map[string]string {
 	taskTextProblem(errs, "title", f.Title, maxTaskTitle, true)
 	taskTextProblem(errs, "description", f.Description, maxTaskDescription, false)
 	taskTextProblem(errs, "command", f.Command, maxTaskCommand, false)
+	if _, bad := errs["title"]; !bad {
+		if msg := textProblem(f.Title); msg != "" {
+			errs["title"] = "The title " + msg + "."
+		}
+	}
+	if _, bad := errs["description"]; !bad {
+		if msg := descriptionProblem(f.Description); msg != "" {
+			errs["description"] = "The description " + msg + "."
+		}
+	}
 	if !slices.Contains(db.TaskStatuses, f.Status) {
 		errs["status"] = "Must be one of " + strings.Join(db.TaskStatuses, ", ") + "."
 	}
