@@ -20,7 +20,8 @@ const (
 // panic recovery, security headers, the Host check, cross-origin refusal, the session, then the
 // caller's identity.
 func (s *Server) middleware(h http.Handler) http.Handler {
-	h = s.identify(h)
+	routes := h
+	h = s.metricsAuth(s.identify(h)) // metrics.go: the metrics token never reaches identify
 	h = s.sessions.LoadAndSave(h)
 	h = s.crossOrigin(h)
 	h = s.hostCheck(h)
@@ -28,6 +29,7 @@ func (s *Server) middleware(h http.Handler) http.Handler {
 	h = s.recoverPanics(h)
 	h = s.logRequests(h)
 	h = s.clientAddress(h)
+	h = s.instrument(routes, h) // metrics_http.go: every request, by its route pattern
 	return h
 }
 

@@ -20,6 +20,8 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 
 	mux.Handle("GET /api/health", s.handle(s.health))
 	mux.Handle("GET /api/me", s.api(s.me))
+	// Prometheus metrics (instance admins or BERTH_METRICS_TOKEN; anyone else 404; metrics.go).
+	mux.Handle("GET /metrics", s.handle(s.metricsEndpoint))
 
 	// Companies (POST: instance admins).
 	mux.Handle("POST /api/companies", s.api(s.apiCreateCompany))

@@ -56,6 +56,10 @@ type Deps struct {
 	TrustedProxies []netip.Prefix
 	// ImageSetup runs image setup sessions' shells on this node; nil refuses setup sessions.
 	ImageSetup *ImageSetup
+	// Metrics is the registry GET /metrics exposes (NewMetrics); nil makes one.
+	Metrics *Metrics
+	// MetricsToken, when set, is a bearer token that may read GET /metrics (BERTH_METRICS_TOKEN).
+	MetricsToken string
 }
 
 // Server holds the dependencies every handler uses.
@@ -76,6 +80,10 @@ type Server struct {
 	handler     http.Handler
 	stopUI      context.CancelFunc
 	imageSetup  *ImageSetup
+
+	// GET /metrics (metrics.go).
+	metrics      *Metrics
+	metricsToken []byte // sha256 of BERTH_METRICS_TOKEN; nil when unset
 }
 
 // New builds the server and its route table.
@@ -98,6 +106,10 @@ func New(d Deps) (*Server, error) {
 		imageSetup:  d.ImageSetup,
 	}
 	s.limit = s.limit.withDefaults()
+
+	if err := s.initMetrics(d); err != nil {
+		return nil, err
+	}
 
 	s.sessions = scs.New()
 	// No cleanup goroutine (its start races with StopCleanup): the housekeeping job deletes

@@ -98,6 +98,10 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	if err != nil {
 		return err
 	}
+	if w.deps.Admission != nil && run.StartedAt != nil {
+		w.deps.Admission.Observe(run.StartedAt.Sub(run.CreatedAt).Seconds())
+	}
+	runLog(w.deps.Log, run).InfoContext(ctx, "run started", "node", w.deps.NodeID)
 
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
@@ -138,6 +142,7 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 		status, code, msg = db.RunFailed, codeCommandFailed, fmt.Sprintf("The command exited with status %d.", res.ExitCode)
 	}
 	exit := res.ExitCode
+	runLog(w.deps.Log, run).InfoContext(ctx, "run command ended", "status", status, "exit_code", exit, "error_code", code)
 	return db.InTx(context.WithoutCancel(ctx), w.deps.Pool, func(tx pgx.Tx) error {
 		bg := context.WithoutCancel(ctx)
 		if err := db.SetRunLog(bg, tx, run.ID, runLogOf(log.Snapshot())); err != nil {

@@ -51,7 +51,13 @@ type Deps struct {
 	// Services runs this process's runtime services (runtime_services.go); Workers makes one
 	// when it is nil.
 	Services *Services
+	// Admission, when set, observes each run's wait from its creation to the start of its
+	// command, in seconds, as the run starts (berth_run_admission_to_start_seconds on /metrics).
+	Admission Observer
 }
+
+// Observer takes one observation (a prometheus.Histogram is one).
+type Observer interface{ Observe(float64) }
 
 // Workers registers every job kind Berth knows.
 func Workers(d Deps) (*river.Workers, error) {

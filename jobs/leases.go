@@ -169,7 +169,7 @@ func (w *CleanupLeaseWorker) cleanup(ctx context.Context, lease db.Lease) error 
 		return fmt.Errorf("cleanup lease %s: %w", lease.ID, err)
 	}
 	if run.NodeID != w.deps.NodeID && run.NodeID != "" {
-		w.deps.Log.Info("lease cleanup: the run executed on another node", "lease_id", lease.ID, "run_id", lease.RunID, "node", run.NodeID)
+		runLog(w.deps.Log, run).Info("lease cleanup: the run executed on another node", "lease_id", lease.ID, "node", run.NodeID)
 		return nil
 	}
 	n, err := environment.KillTagged(ctx, lease.RunID, killGrace)
@@ -177,7 +177,7 @@ func (w *CleanupLeaseWorker) cleanup(ctx context.Context, lease db.Lease) error 
 		return fmt.Errorf("stop the processes of run %s: %w", lease.RunID, err)
 	}
 	if n > 0 {
-		w.deps.Log.Warn("lease cleanup stopped processes", "lease_id", lease.ID, "run_id", lease.RunID, "processes", n)
+		runLog(w.deps.Log, run).Warn("lease cleanup stopped processes", "lease_id", lease.ID, "processes", n)
 	}
 	return nil
 }

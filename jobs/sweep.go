@@ -221,8 +221,8 @@ func (s *sweeper) orphans(ctx context.Context) (int, error) {
 		reason, ok := verdict(c, s.deps.Executing, sole)
 		if !ok {
 			if r, would := verdict(c, s.deps.Executing, true); would && r == reasonNodeRestarted {
-				s.log.Warn("a run of this node's dead process waits for the stale-heartbeat rule: another live process "+
-					"claims this node id (give each working process its own BERTH_NODE_ID)", "run_id", c.ID, "node", s.deps.NodeID)
+				runLogByID(ctx, s.log, s.deps.Pool, c.ID).Warn("a run of this node's dead process waits for the stale-heartbeat rule: another live process "+
+					"claims this node id (give each working process its own BERTH_NODE_ID)", "node", s.deps.NodeID)
 			}
 			continue
 		}
@@ -262,7 +262,7 @@ func (s *sweeper) orphan(ctx context.Context, c db.OrphanCandidate, reason strin
 	if s.deps.NodeID != "" && run.NodeID == s.deps.NodeID {
 		var kerr error
 		if killed, kerr = environment.KillTagged(ctx, run.ID, killGrace); kerr != nil {
-			s.log.Error("orphaned run's processes not all stopped", "run_id", run.ID, "err", kerr)
+			runLog(s.log, run).Error("orphaned run's processes not all stopped", "err", kerr)
 			msg += " Some of its processes could not be stopped."
 		}
 	}
@@ -310,7 +310,7 @@ func (s *sweeper) orphan(ctx context.Context, c db.OrphanCandidate, reason strin
 		return false, err
 	}
 	if ended {
-		s.log.Warn("run orphaned", "run_id", run.ID, "reason", reason, "node", run.NodeID, "status_was", c.Status,
+		runLog(s.log, run).Warn("run orphaned", "reason", reason, "node", run.NodeID, "status_was", c.Status,
 			"processes_killed", killed)
 	}
 	return ended, nil
@@ -344,7 +344,7 @@ func (s *sweeper) reapEnded(ctx context.Context) (int, error) {
 			errs = append(errs, fmt.Errorf("run %s: %w", id, err))
 		}
 		if n > 0 {
-			s.log.Warn("killed processes of an orphaned run", "run_id", id, "processes", n)
+			runLogByID(ctx, s.log, s.deps.Pool, id).Warn("killed processes of an orphaned run", "processes", n)
 		}
 	}
 	return total, errors.Join(errs...)

@@ -26,9 +26,15 @@ type config struct {
 	AdminPassword string
 	Demo          bool
 	LogLevel      slog.Level
+	LogFormat     string // "text" or "json" (BERTH_LOG_FORMAT)
+	MetricsToken  string // a bearer token for GET /metrics (BERTH_METRICS_TOKEN); "" for admins only
 	// TrustedProxies are the peers allowed to name the client in X-Forwarded-For
 	// (BERTH_TRUSTED_PROXIES).
 	TrustedProxies []netip.Prefix
+	// CopyMaxBytes and CopyMaxFiles bound a copy realization's source (BERTH_COPY_MAX_BYTES,
+	// BERTH_COPY_MAX_FILES); zero takes the workspace package's defaults.
+	CopyMaxBytes int64
+	CopyMaxFiles int
 }
 
 // flagSet is a FlagSet that prints its errors as one line and its help on request.
@@ -66,6 +72,8 @@ func baseConfig(fs *flag.FlagSet, getenv func(string) string) *config {
 	if lv := getenv("BERTH_LOG_LEVEL"); lv != "" {
 		_ = c.LogLevel.UnmarshalText([]byte(lv))
 	}
+	c.LogFormat = strings.ToLower(strings.TrimSpace(getenv("BERTH_LOG_FORMAT")))
+	c.MetricsToken = getenv("BERTH_METRICS_TOKEN")
 	return c
 }
 
@@ -112,10 +120,45 @@ func (c *config) finish(getenv func(string) string, baseURL string) error {
 	}
 	c.AdminEmail = getenv("BERTH_ADMIN_EMAIL")
 	c.AdminPassword = getenv("BERTH_ADMIN_PASSWORD")
+	if c.LogFormat != "" && c.LogFormat != "text" && c.LogFormat != "json" {
+		return fmt.Errorf("BERTH_LOG_FORMAT=%q: want text or json", c.LogFormat)
+	}
+	if c.MetricsToken != "" && len(c.MetricsToken) < minMetricsToken {
+		return fmt.Errorf("BERTH_METRICS_TOKEN: use at least %d characters (e.g. openssl rand -hex 32)", minMetricsToken)
+	}
 	if c.TrustedProxies, err = parseTrustedProxies(getenv("BERTH_TRUSTED_PROXIES")); err != nil {
 		return err
 	}
+	if c.CopyMaxBytes, err = parseSize(getenv("BERTH_COPY_MAX_BYTES")); err != nil {
+		return fmt.Errorf("BERTH_COPY_MAX_BYTES: %w", err)
+	}
+	if v := strings.TrimSpace(getenv("BERTH_COPY_MAX_FILES")); v != "" {
+		if c.CopyMaxFiles, err = strconv.Atoi(strings.ReplaceAll(v, "_", "")); err != nil || c.CopyMaxFiles < 1 {
+			return fmt.Errorf("BERTH_COPY_MAX_FILES=%q: want a positive number of files", v)
+		}
+	}
 	return nil
+}
+
+// parseSize reads a byte count: a whole number, optionally with a binary suffix (K, M, G, T, with or
+// without "iB"); "" is zero (the default).
+func parseSize(v string) (int64, error) {
+	v = strings.ToUpper(strings.TrimSpace(v))
+	if v == "" {
+		return 0, nil
+	}
+	shift := 0
+	num := strings.TrimSuffix(strings.TrimSuffix(v, "B"), "I")
+	if n := len(num); n > 0 {
+		if i := strings.IndexByte("KMGT", num[n-1]); i >= 0 {
+			shift, num = 10*(i+1), num[:n-1]
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n < 1 || n > (1<<62)>>shift {
+		return 0, fmt.Errorf("%q: want a positive size such as 2GiB or 500M", v)
+	}
+	return n << shift, nil
 }
 
 // parseTrustedProxies reads BERTH_TRUSTED_PROXIES: comma-separated CIDRs (a bare address is a
@@ -163,7 +206,15 @@ func envBool(getenv func(string) string, name string, def bool) (bool, error) {
 	return b, nil
 }
 
-// newLogger logs text lines to w at the configured level.
-func newLogger(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+// minMetricsToken is the shortest BERTH_METRICS_TOKEN Berth accepts.
+const minMetricsToken = 16
+
+// newLogger logs to w at level, as text lines or, with BERTH_LOG_FORMAT=json, one JSON object
+// per line.
+func (c *config) newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
 }

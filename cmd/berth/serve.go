@@ -54,7 +54,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if !web {
 		c.Workers = true
 	}
-	log := newLogger(stderr, c.LogLevel)
+	log := c.newLogger(stderr, c.LogLevel)
 	started := time.Now()
 
 	d, err := openDatabase(ctx, c, log, true)
@@ -71,7 +71,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{})
+	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{CopyMaxBytes: c.CopyMaxBytes, CopyMaxFiles: c.CopyMaxFiles})
 	if err != nil {
 		return err
 	}
@@ -91,11 +91,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	metrics := handlers.NewMetrics() // this process's /metrics registry; the workers observe run admission
 	executing := jobs.NewExecuting(node)
 	defer executing.Close()
 	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node,
 		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing,
-		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks}
+		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks, Admission: metrics.RunAdmission}
 	client, err := jobs.NewClient(deps, jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
 	if err != nil {
 		return err
@@ -148,7 +149,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return err
 	}
 	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
-		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}})
+		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken})
 	if err != nil {
 		return err
 	}

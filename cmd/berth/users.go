@@ -49,7 +49,7 @@ func userAdd(ctx context.Context, args []string, getenv func(string) string, std
 	if err != nil {
 		return err
 	}
-	log := newLogger(stderr, max(c.LogLevel, slog.LevelWarn)) // warnings and errors only
+	log := c.newLogger(stderr, max(c.LogLevel, slog.LevelWarn)) // warnings and errors only
 	d, err := openDatabase(ctx, c, log, false)
 	if err != nil {
 		return err
@@ -142,7 +142,7 @@ func tokenAdd(ctx context.Context, args []string, getenv func(string) string, st
 	if err := c.finish(getenv, ""); err != nil {
 		return err
 	}
-	log := newLogger(stderr, max(c.LogLevel, slog.LevelWarn))
+	log := c.newLogger(stderr, max(c.LogLevel, slog.LevelWarn))
 	d, err := openDatabase(ctx, c, log, false)
 	if err != nil {
 		return err
@@ -188,7 +188,7 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 	if err := c.finish(getenv, ""); err != nil {
 		return err
 	}
-	d, err := openDatabase(ctx, c, newLogger(stderr, c.LogLevel), false)
+	d, err := openDatabase(ctx, c, c.newLogger(stderr, c.LogLevel), false)
 	if err != nil {
 		return err
 	}
