@@ -98,10 +98,7 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	if err != nil {
 		return err
 	}
-	if w.deps.Admission != nil && run.StartedAt != nil {
-		w.deps.Admission.Observe(run.StartedAt.Sub(run.CreatedAt).Seconds())
-	}
-	runLog(w.deps.Log, run).InfoContext(ctx, "run started", "node", w.deps.NodeID)
+	w.started(ctx, run)
 
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)

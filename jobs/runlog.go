@@ -25,3 +25,12 @@ func runLogByID(ctx context.Context, log *slog.Logger, q db.Querier, id string) 
 	}
 	return runLog(log, run)
 }
+
+// started records that a run's command is starting: the admission histogram's observation
+// (created_at to started_at) and the "run started" line.
+func (w runWorker) started(ctx context.Context, run db.Run) {
+	if w.deps.Admission != nil && run.StartedAt != nil {
+		w.deps.Admission.Observe(run.StartedAt.Sub(run.CreatedAt).Seconds())
+	}
+	runLog(w.deps.Log, run).InfoContext(ctx, "run started", "node", w.deps.NodeID)
+}

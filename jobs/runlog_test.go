@@ -61,3 +61,34 @@ func TestRunLogLinesCarryRunIDs(t *testing.T) {
 		t.Fatalf("log lines: %s", buf.String())
 	}
 }
+
+// recorder is an Observer that keeps its observations.
+type recorder struct{ got []float64 }
+
+func (r *recorder) Observe(v float64) { r.got = append(r.got, v) }
+
+// TestRunStarted: a starting run is observed from its creation to its start, and its line
+// carries its ids; without a start time (or without an observer) nothing is observed.
+func TestRunStarted(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	rec := &recorder{}
+	w := runWorker{deps: Deps{Log: slog.New(slog.NewJSONHandler(&buf, nil)), Admission: rec, NodeID: "n1"}}
+	created := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	start := created.Add(1500 * time.Millisecond)
+	run := db.Run{ID: "r1", TaskID: "t1", CompanyID: "c1", CreatedAt: created, StartedAt: &start}
+	w.started(context.Background(), run)
+	run.StartedAt = nil
+	w.started(context.Background(), run)
+	(runWorker{deps: Deps{Log: slog.New(slog.DiscardHandler)}}).started(context.Background(), run)
+	if len(rec.got) != 1 || rec.got[0] != 1.5 {
+		t.Fatalf("observations = %v, want [1.5]", rec.got)
+	}
+	var line map[string]any
+	if err := json.Unmarshal([]byte(strings.SplitN(buf.String(), "\n", 2)[0]), &line); err != nil {
+		t.Fatal(err)
+	}
+	if line["msg"] != "run started" || line["run_id"] != "r1" || line["task_id"] != "t1" || line["company_id"] != "c1" || line["node"] != "n1" {
+		t.Fatalf("line = %v", line)
+	}
+}
