@@ -74,7 +74,11 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 
 	ws, err := w.realize(ctx, run, task, pw, plan)
 	if err != nil {
-		return w.failRun(ctx, run, db.RunFailed, codeRealizeFailed, "Preparing the workspace failed: "+err.Error())
+		code := codeRealizeFailed
+		if errors.Is(err, workspace.ErrSourceTooLarge) {
+			code = codeSourceTooLarge // the copy quota: nothing was copied
+		}
+		return w.failRun(ctx, run, db.RunFailed, code, "Preparing the workspace failed: "+err.Error())
 	}
 	if run, err = db.TransitionRun(ctx, w.deps.Pool, run.ID, []string{db.RunPreparing}, db.RunPreparing,
 		db.RunUpdate{ExecutionWorkspaceID: &ws.ID}); err != nil {

@@ -31,6 +31,7 @@ const logFlush = 500 * time.Millisecond
 const (
 	codeSetupFailed     = "setup_failed"
 	codeRealizeFailed   = "realize_failed"
+	codeSourceTooLarge  = "source_too_large"
 	codeCommandFailed   = "command_failed"
 	codeLeaseLost       = "lease_lost"
 	codeEnvironment     = "environment_unavailable"

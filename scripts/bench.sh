@@ -21,6 +21,9 @@ run ./environment/ 'BenchmarkServiceStartToHealthy' 30x
 run ./handlers/ 'BenchmarkPreviewProxy$|BenchmarkPreviewWebSocket$' 1x
 run ./jobs/ 'BenchmarkRiverPickup' 500x
 run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
+# Copy realization vs cp -a, interleaved, on a 5,000-file / 100 MB tree (before the 1x smoke run,
+# so the summary's ratio is this one).
+BERTH_BENCH_FILES=5000 BERTH_BENCH_MB=100 run ./workspace/ 'BenchmarkCopyVsCp' 7x
 run ./workspace/ '.' 1x
 # The terminal bridge against WeTTY and a raw pty (docs/terminal.md "Benchmarks"). WeTTY is
 # installed into a cache dir outside the repo; when it cannot be, the reason is printed above.
@@ -47,6 +50,8 @@ for w in tmpfs disk; do
   ratio=$(metric "BenchmarkAdmissionToStartWorktree/$w" ratio-p50); over=$(metric "BenchmarkAdmissionToStartWorktree/$w" overhead-p50-ms)
   [ -n "$ratio" ] && echo "large-repo worktree admission-to-start vs bare git worktree add, $w: ${ratio}x, overhead ${over} ms (goal <= 1.3x + 100 ms)"
 done
+cr=$(metric BenchmarkCopyVsCp ratio)
+[ -n "$cr" ] && echo "copy realization vs cp -a (5,000 files, 100 MB), medians: ${cr}x (goal >= 0.9x; above 1 is faster)"
 shared=$(metric BenchmarkAdmissionToStartShared p50-ms)
 [ -n "$shared" ] && echo "shared workspace admission-to-start p50: ${shared} ms (goal <= 50 ms)"
 added=$(metric BenchmarkAdmissionToStartContainment added-p50-ms); jailed=$(metric BenchmarkAdmissionToStartContainment jail-p50-ms)

@@ -51,6 +51,9 @@ var (
 	ErrCapsule = errors.New("invalid capsule")
 	// ErrQuota means an import or copy exceeds its entry-count or byte limits.
 	ErrQuota = errors.New("over quota")
+	// ErrSourceTooLarge means a copy realization's source holds more bytes or files than the copy
+	// quota allows; nothing was copied.
+	ErrSourceTooLarge = errors.New("source too large to copy")
 	// ErrDigest means a digest string is malformed or content does not match its digest.
 	ErrDigest = errors.New("digest mismatch")
 )

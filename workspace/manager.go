@@ -33,6 +33,10 @@ const (
 type Options struct {
 	// Author signs the commits Berth makes (finalize, rescue); zero means DefaultIdentity.
 	Author Identity
+	// CopyMaxBytes and CopyMaxFiles bound a copy realization's source (regular files and their
+	// total size); zero means DefaultCopyMaxBytes and DefaultCopyMaxFiles.
+	CopyMaxBytes int64
+	CopyMaxFiles int
 }
 
 // Manager owns the managed base <data dir>/workspaces (mode 0700) and every root it creates there.
@@ -46,6 +50,8 @@ type Manager struct {
 	cache   string // <data dir>/git-cache
 	runGit  string // <data dir>/run-git: jailed runs' private git stores (rungit.go)
 	git     gitRunner
+	// copyQuota bounds copy realizations (copy.go).
+	copyQuota copyQuota
 
 	mu       sync.Mutex
 	holders  map[string]int
@@ -94,14 +100,15 @@ func NewManager(dataDir string, opts Options) (*Manager, error) {
 		return nil, fmt.Errorf("new manager: %w", err)
 	}
 	return &Manager{
-		dataDir:  realData,
-		base:     dirs["workspaces"],
-		cache:    dirs["git-cache"],
-		runGit:   dirs["run-git"],
-		git:      newGitRunner(dirs["git-home"], opts.Author),
-		holders:  map[string]int{},
-		closing:  map[string]bool{},
-		srcLocks: map[string]*sync.Mutex{},
+		dataDir:   realData,
+		base:      dirs["workspaces"],
+		cache:     dirs["git-cache"],
+		runGit:    dirs["run-git"],
+		git:       newGitRunner(dirs["git-home"], opts.Author),
+		copyQuota: newCopyQuota(opts.CopyMaxBytes, opts.CopyMaxFiles),
+		holders:   map[string]int{},
+		closing:   map[string]bool{},
+		srcLocks:  map[string]*sync.Mutex{},
 	}, nil
 }
 

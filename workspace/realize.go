@@ -2,15 +2,11 @@ package workspace
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 )
 
@@ -90,22 +86,31 @@ func within(p, dir string) bool {
 // directories only, modes kept without setuid/setgid/sticky, symlinks never followed. Symlinks,
 // devices, FIFOs, sockets, hard-linked files (more than one link), .git and unportable names are
 // skipped and listed in Result.Skipped with their reason; so is Berth's data directory when the
-// source contains it. The tree digest and base manifest are recorded for FinalizeCopy.
+// source contains it. A source over the copy quota (Options.CopyMaxBytes, CopyMaxFiles) is refused
+// with ErrSourceTooLarge before anything is written. The tree digest and base manifest are recorded
+// for FinalizeCopy.
 func (m *Manager) RealizeCopy(ctx context.Context, source string) (Result, error) {
 	real, err := m.sourceDir(source)
 	if err != nil {
+		return Result{}, fmt.Errorf("realize copy: %w", err)
+	}
+	dataID, err := dirIdentity(m.dataDir)
+	if err != nil {
+		return Result{}, fmt.Errorf("realize copy: %w", err)
+	}
+	// Scan and check the quota before the root exists: an oversized source costs no disk at all.
+	entries, skipped, err := scanTree(ctx, real, dataID)
+	if err != nil {
+		return Result{}, fmt.Errorf("realize copy: %w", err)
+	}
+	if err := m.copyQuota.check(entries); err != nil {
 		return Result{}, fmt.Errorf("realize copy: %w", err)
 	}
 	rec, root, err := m.createRoot(record{Strategy: StrategyCopy})
 	if err != nil {
 		return Result{}, fmt.Errorf("realize copy: %w", err)
 	}
-	dataID, err := dirIdentity(m.dataDir)
-	if err != nil {
-		_ = m.removeRoot(context.WithoutCancel(ctx), rec)
-		return Result{}, fmt.Errorf("realize copy: %w", err)
-	}
-	man, skipped, err := copyTree(ctx, real, root, dataID)
+	man, skipped, err := copyTree(ctx, real, root, entries, skipped)
 	if err == nil {
 		err = m.writeManifest(rec.Ref, man)
 	}
@@ -164,86 +169,3 @@ func (m *Manager) BaseManifest(ref string) (Manifest, error) {
 	}
 	return man, nil
 }
-
-// copyTree copies the scanned regular files and directories of src into the empty directory dst and
-// returns the manifest of what it wrote.
-func copyTree(ctx context.Context, src, dst string, exclude ...identity) (Manifest, []Skipped, error) {
-	entries, skipped, err := scanTree(ctx, src, exclude...)
-	if err != nil {
-		return Manifest{}, nil, err
-	}
-	srcRoot, err := os.OpenRoot(src)
-	if err != nil {
-		return Manifest{}, nil, err
-	}
-	defer srcRoot.Close()
-	dstRoot, err := os.OpenRoot(dst)
-	if err != nil {
-		return Manifest{}, nil, err
-	}
-	defer dstRoot.Close()
-
-	man := Manifest{Entries: make([]ManifestEntry, 0, len(entries))}
-	buf := make([]byte, 1<<20)
-	var dirs []scanEntry
-	for _, e := range entries {
-		if err := ctx.Err(); err != nil {
-			return Manifest{}, nil, err
-		}
-		if e.dir {
-			if err := dstRoot.Mkdir(e.rel, 0o700); err != nil {
-				return Manifest{}, nil, err
-			}
-			dirs = append(dirs, e)
-			man.Entries = append(man.Entries, ManifestEntry{Path: e.rel, Type: TypeDir, Mode: 0o755})
-			continue
-		}
-		me, err := copyFile(srcRoot, dstRoot, e, buf)
-		if errors.Is(err, errChanged) || errors.Is(err, os.ErrNotExist) {
-			skipped = append(skipped, Skipped{Path: e.rel, Reason: SkipChanged})
-			continue
-		}
-		if err != nil {
-			return Manifest{}, nil, fmt.Errorf("copy %q: %w", e.rel, err)
-		}
-		man.Entries = append(man.Entries, me)
-	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := dstRoot.Chmod(dirs[i].rel, os.FileMode(dirs[i].perm)); err != nil {
-			return Manifest{}, nil, err
-		}
-	}
-	sort.Slice(skipped, func(i, j int) bool { return skipped[i].Path < skipped[j].Path })
-	return man, skipped, nil
-}
-
-func copyFile(srcRoot, dstRoot *os.Root, e scanEntry, buf []byte) (ManifestEntry, error) {
-	in, _, err := openScanned(srcRoot, e)
-	if err != nil {
-		return ManifestEntry{}, err
-	}
-	defer in.Close()
-	out, err := dstRoot.OpenFile(e.rel, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return ManifestEntry{}, err
-	}
-	defer out.Close()
-	h := sha256.New()
-	n, err := io.CopyBuffer(io.MultiWriter(out, h), onlyReader{in}, buf)
-	if err != nil {
-		return ManifestEntry{}, err
-	}
-	if err := out.Chmod(os.FileMode(e.perm)); err != nil {
-		return ManifestEntry{}, err
-	}
-	if err := out.Close(); err != nil {
-		return ManifestEntry{}, err
-	}
-	return ManifestEntry{Path: e.rel, Type: TypeFile, Size: n, Mode: normMode(e.perm, false), SHA256: hex.EncodeToString(h.Sum(nil))}, nil
-}
-
-// onlyReader hides an *os.File's WriterTo so io.CopyBuffer uses the buffer (the hash must see every
-// byte, so the kernel copy fast path does not apply).
-type onlyReader struct{ r io.Reader }
-
-func (o onlyReader) Read(p []byte) (int, error) { return o.r.Read(p) }

@@ -31,6 +31,10 @@ type config struct {
 	// TrustedProxies are the peers allowed to name the client in X-Forwarded-For
 	// (BERTH_TRUSTED_PROXIES).
 	TrustedProxies []netip.Prefix
+	// CopyMaxBytes and CopyMaxFiles bound a copy realization's source (BERTH_COPY_MAX_BYTES,
+	// BERTH_COPY_MAX_FILES); zero takes the workspace package's defaults.
+	CopyMaxBytes int64
+	CopyMaxFiles int
 }
 
 // flagSet is a FlagSet that prints its errors as one line and its help on request.
@@ -125,7 +129,36 @@ func (c *config) finish(getenv func(string) string, baseURL string) error {
 	if c.TrustedProxies, err = parseTrustedProxies(getenv("BERTH_TRUSTED_PROXIES")); err != nil {
 		return err
 	}
+	if c.CopyMaxBytes, err = parseSize(getenv("BERTH_COPY_MAX_BYTES")); err != nil {
+		return fmt.Errorf("BERTH_COPY_MAX_BYTES: %w", err)
+	}
+	if v := strings.TrimSpace(getenv("BERTH_COPY_MAX_FILES")); v != "" {
+		if c.CopyMaxFiles, err = strconv.Atoi(strings.ReplaceAll(v, "_", "")); err != nil || c.CopyMaxFiles < 1 {
+			return fmt.Errorf("BERTH_COPY_MAX_FILES=%q: want a positive number of files", v)
+		}
+	}
 	return nil
+}
+
+// parseSize reads a byte count: a whole number, optionally with a binary suffix (K, M, G, T, with or
+// without "iB"); "" is zero (the default).
+func parseSize(v string) (int64, error) {
+	v = strings.ToUpper(strings.TrimSpace(v))
+	if v == "" {
+		return 0, nil
+	}
+	shift := 0
+	num := strings.TrimSuffix(strings.TrimSuffix(v, "B"), "I")
+	if n := len(num); n > 0 {
+		if i := strings.IndexByte("KMGT", num[n-1]); i >= 0 {
+			shift, num = 10*(i+1), num[:n-1]
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n < 1 || n > (1<<62)>>shift {
+		return 0, fmt.Errorf("%q: want a positive size such as 2GiB or 500M", v)
+	}
+	return n << shift, nil
 }
 
 // parseTrustedProxies reads BERTH_TRUSTED_PROXIES: comma-separated CIDRs (a bare address is a

@@ -40,7 +40,9 @@ commands:
 
 configuration (environment): BERTH_ADDR, BERTH_DATA_DIR, BERTH_BASE_URL, DATABASE_URL,
 BERTH_SECRET_KEY, BERTH_WORKERS, BERTH_ADMIN_EMAIL, BERTH_ADMIN_PASSWORD, BERTH_LOG_LEVEL,
-BERTH_TRUSTED_PROXIES (comma-separated CIDRs of reverse proxies whose X-Forwarded-For is believed)
+BERTH_TRUSTED_PROXIES (comma-separated CIDRs of reverse proxies whose X-Forwarded-For is believed),
+BERTH_COPY_MAX_BYTES (default 2GiB) and BERTH_COPY_MAX_FILES (default 200000): the largest source
+a copy workspace may be made from
 `
 
 // run is main without the process: arguments, environment and streams come in, an error goes out.

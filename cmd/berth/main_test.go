@@ -378,3 +378,18 @@ func TestParseTrustedProxies(t *testing.T) {
 		}
 	}
 }
+
+func TestParseSize(t *testing.T) {
+	t.Parallel()
+	cases := map[string]int64{"": 0, "1024": 1024, "2GiB": 2 << 30, "500M": 500 << 20, "64k": 64 << 10, "3 MiB": 3 << 20, "1T": 1 << 40}
+	for in, want := range cases {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"-1", "0", "lots", "2PB", "1.5G", "9999999999T"} {
+		if _, err := parseSize(bad); err == nil {
+			t.Errorf("parseSize(%q) accepted", bad)
+		}
+	}
+}

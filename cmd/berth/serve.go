@@ -71,7 +71,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{})
+	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{CopyMaxBytes: c.CopyMaxBytes, CopyMaxFiles: c.CopyMaxFiles})
 	if err != nil {
 		return err
 	}
