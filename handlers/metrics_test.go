@@ -141,3 +141,15 @@ func TestMetricsExposition(t *testing.T) {
 		t.Errorf("a raw path (run id %s) is in the exposition", id)
 	}
 }
+
+// TestMetricsRunToken: a live run's token is not an admin: /metrics is the usual 404.
+func TestMetricsRunToken(t *testing.T) {
+	t.Parallel()
+	w := newRunTokenWorld(t)
+	if code, _, _ := w.e.scrape(w.e.client(), map[string]string{"Authorization": "Bearer " + w.Run2.Token}); code != http.StatusNotFound {
+		t.Fatalf("GET /metrics with a run token = %d, want 404", code)
+	}
+	if code, _, _ := w.e.scrape(w.e.client(), map[string]string{"Authorization": "Bearer " + w.r.Admin.Token}); code != http.StatusOK {
+		t.Fatalf("GET /metrics as an admin = %d, want 200", code)
+	}
+}

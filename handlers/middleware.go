@@ -72,7 +72,7 @@ func (s *Server) logRequests(next http.Handler) http.Handler {
 			"duration_ms", float64(time.Since(start).Microseconds()) / 1000, "request_id", id, "remote", clientIP(r)}
 		if p := principalFrom(r.Context()); p != nil {
 			if p.Run != nil {
-				attrs = append(attrs, "run_id", p.Run.ID)
+				attrs = append(attrs, "run_id", p.Run.ID, "task_id", p.Run.TaskID, "company_id", p.Run.Company.ID)
 			} else {
 				attrs = append(attrs, "user_id", p.User.ID)
 			}
