@@ -74,11 +74,7 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 
 	ws, err := w.realize(ctx, run, task, pw, plan)
 	if err != nil {
-		code := codeRealizeFailed
-		if errors.Is(err, workspace.ErrSourceTooLarge) {
-			code = codeSourceTooLarge // the copy quota: nothing was copied
-		}
-		return w.failRun(ctx, run, db.RunFailed, code, "Preparing the workspace failed: "+err.Error())
+		return w.failRun(ctx, run, db.RunFailed, realizeErrorCode(err), "Preparing the workspace failed: "+err.Error())
 	}
 	if run, err = db.TransitionRun(ctx, w.deps.Pool, run.ID, []string{db.RunPreparing}, db.RunPreparing,
 		db.RunUpdate{ExecutionWorkspaceID: &ws.ID}); err != nil {
@@ -257,4 +253,13 @@ func (w runWorker) setupStep(ctx context.Context, run db.Run, ws db.ExecutionWor
 		}
 		return &code, nil
 	})
+}
+
+// realizeErrorCode is the error_code of a run whose workspace could not be realized: the copy
+// quota has its own code (nothing was copied; a smaller source or a larger quota fixes it).
+func realizeErrorCode(err error) string {
+	if errors.Is(err, workspace.ErrSourceTooLarge) {
+		return codeSourceTooLarge
+	}
+	return codeRealizeFailed
 }
