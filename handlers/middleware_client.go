@@ -8,7 +8,8 @@ import (
 	"strings"
 )
 
-const clientAddrKey ctxKey = 100 // after the keys in middleware.go; a distinct value is all it needs
+// clientAddrKey keys the resolved client address in a request's context.
+type clientAddrKey struct{}
 
 // clientAddress resolves the caller's address once per request, for the sign-in throttle, audit
 // events and the request log. The TCP peer is the client unless it is a trusted proxy
@@ -17,14 +18,14 @@ const clientAddrKey ctxKey = 100 // after the keys in middleware.go; a distinct 
 func (s *Server) clientAddress(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		addr := forwardedClient(peerAddr(r), r.Header.Values("X-Forwarded-For"), s.proxies)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientAddrKey, addr)))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientAddrKey{}, addr)))
 	})
 }
 
 // clientIP is the caller's address as clientAddress resolved it (the TCP peer outside the
 // middleware chain).
 func clientIP(r *http.Request) string {
-	if a, ok := r.Context().Value(clientAddrKey).(string); ok {
+	if a, ok := r.Context().Value(clientAddrKey{}).(string); ok {
 		return a
 	}
 	return peerAddr(r)
