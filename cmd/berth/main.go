@@ -40,6 +40,9 @@ commands:
 
 configuration (environment): BERTH_ADDR, BERTH_DATA_DIR, BERTH_BASE_URL, DATABASE_URL,
 BERTH_SECRET_KEY, BERTH_WORKERS, BERTH_ADMIN_EMAIL, BERTH_ADMIN_PASSWORD, BERTH_LOG_LEVEL,
+BERTH_LOG_FORMAT (text or json), BERTH_NODE_ID (this process's node; default the host name),
+BERTH_SOURCE_ROOTS (colon-separated directories board members may use as local sources),
+BERTH_METRICS_TOKEN (a bearer token that may read /metrics),
 BERTH_TRUSTED_PROXIES (comma-separated CIDRs of reverse proxies whose X-Forwarded-For is believed),
 BERTH_COPY_MAX_BYTES (default 2GiB) and BERTH_COPY_MAX_FILES (default 200000): the largest source
 a copy workspace may be made from
