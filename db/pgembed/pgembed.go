@@ -78,9 +78,11 @@ type Cluster struct {
 	owned      bool
 	log        *slog.Logger
 
+	mu        sync.Mutex  // owned: guards proc, which the supervisor replaces after a restart
 	proc      *proc       // owned: the postmaster
 	ownerFile *os.File    // owned: holds LOCK_EX on the owner file while we own the cluster
 	stopping  atomic.Bool // owned: set once Stop shuts postgres down on purpose
+	sup       *supervisor // owned: restarts a postmaster that died (supervisor.go)
 	usersFile *os.File    // borrowed: holds LOCK_SH on users.lock while we use the cluster
 	stopOnce  sync.Once
 	stopErr   error
@@ -224,48 +226,27 @@ func (c *Cluster) own(ctx context.Context, bin binaries, opts Options) error {
 	if err := initData(ctx, p, bin, opts.Fast, c.log); err != nil {
 		return err
 	}
-	logFile, offset, err := openLog(p.log)
+	began := time.Now()
+	pm, err := startPostgres(ctx, p, bin, opts.Fast)
 	if err != nil {
 		return err
 	}
-	args := []string{"-D", p.data, "-k", p.run, "-c", "listen_addresses=", "-c", fmt.Sprintf("port=%d", port)}
-	if opts.Fast {
-		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
-	}
-	began := time.Now()
-	// SIGINT on parent death is a fast shutdown: open transactions roll back, the data stays consistent.
-	pm, err := spawn(command(bin.path("postgres"), p.dir, logFile, syscall.SIGINT, args...))
-	logFile.Close() // postgres has its own copy
-	if err != nil {
-		return fmt.Errorf("run postgres: %w", err)
-	}
-	abort := func() {
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killAfter)
-		defer cancel()
-		_ = pm.shutdown(stopCtx)
-	}
-	if err := waitReady(ctx, pm, p); err != nil {
-		abort()
-		return fmt.Errorf("%w%s", err, logTail(p.log, offset))
-	}
 	owner, err := claimOwner(p.owner, opts.Persistent)
 	if err != nil {
-		abort()
+		pm.abort(ctx)
 		return err
 	}
 	c.owned, c.proc, c.ownerFile = true, pm, owner
 	c.log.Info("started embedded PostgreSQL", "dir", p.dir, "pid", pm.cmd.Process.Pid, "took", time.Since(began))
-	go func() {
-		<-pm.done
-		if !c.stopping.Load() {
-			c.log.Error("embedded PostgreSQL exited unexpectedly", "dir", p.dir, "status", pm.exitStatus(), "log", p.log)
-		}
-	}()
+	c.supervise(bin, opts.Fast)
 	return nil
 }
 
 func (c *Cluster) stopOwned(ctx context.Context) error {
 	p := c.paths
+	// The supervisor first: once it has returned, nothing starts postgres again behind Stop.
+	c.stopping.Store(true)
+	c.sup.stop()
 	// Hold start.lock so no other process decides to borrow a cluster that is going away.
 	lock, err := lockFile(ctx, p.startLock, syscall.LOCK_EX, startTimeout)
 	if err != nil {
@@ -283,9 +264,8 @@ func (c *Cluster) stopOwned(ctx context.Context) error {
 	}
 	defer unlockFile(users)
 
-	c.stopping.Store(true)
 	began := time.Now()
-	err = c.proc.shutdown(ctx)
+	err = c.current().shutdown(ctx)
 	c.log.Info("stopped embedded PostgreSQL", "dir", p.dir, "took", time.Since(began), "err", err)
 	// The owner file is ours while we hold its lock: nobody else can have replaced it.
 	if rmErr := os.Remove(p.owner); rmErr != nil && err == nil {
