@@ -105,7 +105,13 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	go w.watch(runCtx, stop, run, lease)
 
 	log := environment.NewLogBuffer(environment.LogOptions{FlushInterval: logFlush, OnWrite: func(s environment.LogSnapshot) {
-		_ = db.SetRunLog(context.WithoutCancel(ctx), w.deps.Pool, run.ID, runLogOf(s))
+		if s.Final {
+			return // the final transaction writes the whole kept log
+		}
+		// For tailing only: a failed write is superseded by the next one, or by the final one.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeTryTimeout)
+		defer cancel()
+		_ = db.SetRunLog(wctx, w.deps.Pool, run.ID, runLogOf(s))
 	}})
 	req := environment.ExecRequest{Command: run.Command, Dir: dir, Log: log, Tag: run.ID,
 		Timeout: time.Duration(run.TimeoutS) * time.Second,
@@ -138,22 +144,16 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	case res.ExitCode != 0:
 		status, code, msg = db.RunFailed, codeCommandFailed, fmt.Sprintf("The command exited with status %d.", res.ExitCode)
 	}
-	exit := res.ExitCode
-	runLog(w.deps.Log, run).InfoContext(ctx, "run command ended", "status", status, "exit_code", exit, "error_code", code)
-	return db.InTx(context.WithoutCancel(ctx), w.deps.Pool, func(tx pgx.Tx) error {
-		bg := context.WithoutCancel(ctx)
-		if err := db.SetRunLog(bg, tx, run.ID, runLogOf(log.Snapshot())); err != nil {
-			return err
-		}
-		u := db.RunUpdate{ErrorCode: &code, ErrorMessage: &msg, Finished: true}
-		if !res.Started.IsZero() {
-			u.ExitCode = &exit
-		}
-		if _, err := db.TransitionRun(bg, tx, run.ID, []string{db.RunRunning}, status, u); err != nil {
-			return err
-		}
-		return w.enqueueFinalize(bg, tx, run)
-	})
+	out := runOutcome{RunID: run.ID, Status: status, ErrorCode: code, ErrorMessage: msg}
+	if !res.Started.IsZero() {
+		exit := res.ExitCode
+		out.ExitCode = &exit
+	}
+	snap := log.Snapshot()
+	out.Log, out.LogHead, out.LogTotal, out.LogTruncated = snap.Data, snap.Head, snap.Total, snap.Truncated
+	runLog(w.deps.Log, run).InfoContext(ctx, "run command ended", "status", status, "exit_code", res.ExitCode, "error_code", code)
+	// The outcome is spooled and written whatever the database's state (spool_write.go).
+	return w.recordOutcome(ctx, run, out)
 }
 
 // runLogOf is what the run row keeps of a log snapshot: head, marker and tail past the cap.
@@ -189,31 +189,52 @@ func (w *ExecuteRunWorker) realizeRemote(ctx context.Context, run db.Run, ws db.
 	return real.Root, err
 }
 
-// errLeaseLost ends a command whose lease was fenced or expired.
+// errLeaseLost ends a command whose lease was fenced or expired, or not renewed for a whole TTL.
 var errLeaseLost = errors.New("lease lost")
 
 // cancelPoll is how often a running command checks for a cancel request.
 const cancelPoll = 250 * time.Millisecond
 
-// watch heartbeats the run and its lease, and stops the command on a cancel request or a lost lease.
+// watch keeps the run's lease (leaseKeeper: renewed every TTL/3, lost when fenced or not renewed
+// for a whole TTL), heartbeats the run, and stops the command on a cancel request or a lost
+// lease. Every database call is bounded, so an unanswering database cannot hold the watch past
+// the lease's local deadline.
 func (w *ExecuteRunWorker) watch(ctx context.Context, stop context.CancelCauseFunc, run db.Run, lease db.Lease) {
+	keeper := newLeaseKeeper(w.deps.Pool, lease, w.deps.leaseTTL())
 	poll := time.NewTicker(cancelPoll)
 	defer poll.Stop()
-	beat := time.NewTicker(leaseTTL / 4)
-	defer beat.Stop()
+	renew := time.NewTicker(keeper.every())
+	defer renew.Stop()
+	lost := time.NewTimer(keeper.remaining())
+	defer lost.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-beat.C:
-			if _, err := db.HeartbeatLease(ctx, w.deps.Pool, lease.ID, lease.Generation, leaseTTL); errors.Is(err, db.ErrFenced) {
+		case <-lost.C:
+			if keeper.remaining() <= 0 {
+				runLog(w.deps.Log, run).Warn("lease not renewed for a whole TTL: stopping the run", "lease_id", lease.ID,
+					"generation", lease.Generation)
 				stop(errLeaseLost)
 				return
 			}
-			_ = db.HeartbeatRun(ctx, w.deps.Pool, run.ID)
+			lost.Reset(keeper.remaining())
+		case <-renew.C:
+			if err := keeper.renew(ctx); errors.Is(err, db.ErrFenced) {
+				runLog(w.deps.Log, run).Warn("lease fenced: stopping the run", "lease_id", lease.ID, "generation", lease.Generation)
+				stop(errLeaseLost)
+				return
+			}
+			lost.Reset(keeper.remaining())
+			bctx, cancel := context.WithTimeout(ctx, keeper.every())
+			_ = db.HeartbeatRun(bctx, w.deps.Pool, run.ID)
+			cancel()
 		case <-poll.C:
 			// A failed read is asked again at the next poll.
-			if cancel, err := db.RunCancelRequested(ctx, w.deps.Pool, run.ID); err == nil && cancel {
+			pctx, cancel := context.WithTimeout(ctx, min(keeper.every(), 4*cancelPoll))
+			cancelAsked, err := db.RunCancelRequested(pctx, w.deps.Pool, run.ID)
+			cancel()
+			if err == nil && cancelAsked {
 				stop(context.Canceled)
 				return
 			}

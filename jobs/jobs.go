@@ -54,6 +54,18 @@ type Deps struct {
 	// Admission, when set, observes each run's wait from its creation to the start of its
 	// command, in seconds, as the run starts (berth_run_admission_to_start_seconds on /metrics).
 	Admission Observer
+	// LeaseTTL is how long a running command's lease lives without a renewal (default 2 min);
+	// the executor renews every third of it and stops the command when a whole one passes
+	// without a renewal (jobs/leases.go leaseKeeper).
+	LeaseTTL time.Duration
+}
+
+// leaseTTL is d.LeaseTTL or the default.
+func (d Deps) leaseTTL() time.Duration {
+	if d.LeaseTTL > 0 {
+		return d.LeaseTTL
+	}
+	return leaseTTL
 }
 
 // Observer takes one observation (a prometheus.Histogram is one).

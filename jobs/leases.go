@@ -181,3 +181,47 @@ func (w *CleanupLeaseWorker) cleanup(ctx context.Context, lease db.Lease) error 
 	}
 	return nil
 }
+
+// leaseKeeper is a lease holder's side of the heartbeat (DESIGN §10): it renews every TTL/3,
+// and the lease counts as lost to it once a whole TTL has passed, on this process's monotonic
+// clock, since the last renewal the database confirmed. The deadline is measured from when that
+// renewal was sent, which is no later than the database clock's now() it was stamped with, so
+// the holder gives up no later than the database would let the lease expire. After the loss the
+// holder writes nothing more under its generation, and the database refuses it anyway
+// (db.ErrFenced once the lease is expired and its generation moved on).
+type leaseKeeper struct {
+	pool   db.Querier
+	id     string
+	gen    int64
+	ttl    time.Duration
+	lastOK time.Time // when the last confirmed renewal was sent (monotonic)
+}
+
+// newLeaseKeeper starts keeping a lease just acquired or renewed (its heartbeat counts from now).
+func newLeaseKeeper(pool db.Querier, l db.Lease, ttl time.Duration) *leaseKeeper {
+	return &leaseKeeper{pool: pool, id: l.ID, gen: l.Generation, ttl: ttl, lastOK: time.Now()}
+}
+
+// every is the renewal period.
+func (k *leaseKeeper) every() time.Duration { return k.ttl / 3 }
+
+// remaining is how long the lease is still the keeper's without another renewal.
+func (k *leaseKeeper) remaining() time.Duration { return k.ttl - time.Since(k.lastOK) }
+
+// renew heartbeats the lease once, never waiting past the local deadline. It returns
+// db.ErrFenced when the lease is no longer the keeper's, another error when the database did not
+// answer (the deadline still runs).
+func (k *leaseKeeper) renew(ctx context.Context) error {
+	left := k.remaining()
+	if left <= 0 {
+		return fmt.Errorf("renew lease %s: %w", k.id, errLeaseLost)
+	}
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, min(left, k.every()))
+	defer cancel()
+	if _, err := db.HeartbeatLease(ctx, k.pool, k.id, k.gen, k.ttl); err != nil {
+		return err
+	}
+	k.lastOK = sent
+	return nil
+}

@@ -22,7 +22,8 @@ import (
 // a crash mid-provision ends the run orphaned too, never setup_failed, because nobody saw the
 // setup command end.
 //
-// A live run is orphaned when nothing can carry it on any more:
+// A live run is orphaned when nothing can carry it on any more (and no outcome of it waits in this
+// node's spool, spool.go: its executor knew how it ended and the outcome is on its way):
 //   - no provision or execute_run job of it waits for a worker, and none runs in this process
 //     (this process's Executing registry, or a running job fetched under this client id); and
 //   - either no such job is left at all and the run has been quiet (no heartbeat) for quietAfter;
@@ -217,7 +218,11 @@ func (s *sweeper) orphans(ctx context.Context) (int, error) {
 	}
 	n := 0
 	var errs []error
+	sp := spoolOf(s.deps.DataDir)
 	for _, c := range cands {
+		if sp.has(c.ID) {
+			continue // its executor's outcome waits in this node's spool, to be written (ReplaySpool)
+		}
 		reason, ok := verdict(c, s.deps.Executing, sole)
 		if !ok {
 			if r, would := verdict(c, s.deps.Executing, true); would && r == reasonNodeRestarted {

@@ -126,6 +126,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		if err != nil {
 			log.Warn("startup orphan sweep", "err", err)
 		}
+		// Outcomes a stopped predecessor spooled are written (until done); the sweep leaves
+		// their runs alone meanwhile (jobs/spool.go).
+		go func() {
+			if err := jobs.ReplaySpool(ctx, deps); err != nil && ctx.Err() == nil {
+				log.Warn("run spool replay", "err", err)
+			}
+		}()
 	}
 
 	if !web {

@@ -1,0 +1,175 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"berth/db"
+)
+
+// TestSpoolFiles: an outcome is saved atomically with private modes, read back whole, listed,
+// replaced, removed; an id that is not a run id never names a file; a corrupt file is refused
+// and set aside.
+func TestSpoolFiles(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
+	sp := spoolOf(data)
+	id := randomUUID()
+	exit := 3
+	o := runOutcome{RunID: id, Status: db.RunFailed, ErrorCode: codeCommandFailed, ErrorMessage: "exit 3", ExitCode: &exit,
+		Log: []byte("first\nLAST\n"), LogHead: 11, LogTotal: 11}
+	if sp.has(id) {
+		t.Fatal("empty spool has the run")
+	}
+	if err := sp.save(o); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(data, "spool", "runs", id+".json")
+	fi, err := os.Stat(p)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("spool file %v mode %v, want 0600", err, fi)
+	}
+	if di, err := os.Stat(filepath.Dir(p)); err != nil || di.Mode().Perm() != 0o700 {
+		t.Fatalf("spool dir mode %v (%v), want 0700", di, err)
+	}
+	got, err := sp.load(id)
+	if err != nil || got.Status != o.Status || got.ExitCode == nil || *got.ExitCode != 3 || !bytes.Equal(got.Log, o.Log) ||
+		got.LogTotal != 11 || got.ErrorCode != codeCommandFailed {
+		t.Fatalf("load = %+v, %v", got, err)
+	}
+	o.ErrorMessage = "replaced"
+	if err := sp.save(o); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := sp.load(id); got.ErrorMessage != "replaced" {
+		t.Fatalf("second save not read back: %q", got.ErrorMessage)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(p))
+	if len(entries) != 1 {
+		t.Fatalf("spool dir holds %d entries after two saves, want 1 (no temporary left)", len(entries))
+	}
+	if ids, err := sp.list(); err != nil || len(ids) != 1 || ids[0] != id {
+		t.Fatalf("list = %v, %v", ids, err)
+	}
+	if err := sp.save(runOutcome{RunID: "../../etc/x", Status: "failed"}); err == nil {
+		t.Fatal("a path-like run id was spooled")
+	}
+	if sp.has("../" + id) {
+		t.Fatal("has followed a path-like id")
+	}
+	if err := sp.remove(id); err != nil || sp.has(id) {
+		t.Fatalf("remove: %v, still there %v", err, sp.has(id))
+	}
+	if err := sp.remove(id); err != nil {
+		t.Fatalf("second remove: %v", err)
+	}
+
+	bad := randomUUID()
+	if err := os.WriteFile(filepath.Join(data, "spool", "runs", bad+".json"), []byte(`{"run_id":"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sp.load(bad); !errors.Is(err, errSpoolCorrupt) {
+		t.Fatalf("corrupt load = %v, want errSpoolCorrupt", err)
+	}
+	if err := sp.quarantine(bad); err != nil || sp.has(bad) {
+		t.Fatalf("quarantine: %v, has %v", err, sp.has(bad))
+	}
+	if _, err := os.Stat(filepath.Join(data, "spool", "runs", bad+".json.corrupt")); err != nil {
+		t.Fatalf("quarantined file not kept: %v", err)
+	}
+	// Without a data dir nothing touches the disk.
+	if err := spoolOf("").save(o); err != nil || spoolOf("").has(id) {
+		t.Fatalf("dataless spool: %v", err)
+	}
+}
+
+// TestSpoolReplayAfterRestart (fault F-spool): node n1's executor finished a run during an
+// outage and died before the database took the outcome; its successor on the node starts. The
+// startup sweep leaves the spooled run alone (a run of the dead process without a spool file is
+// orphaned at once, proving the sweep would have), ReplaySpool writes the spooled end with its
+// own exit and error codes and last log line and enqueues finalize, and removes the file; a
+// spool file of a run that has ended meanwhile is dropped without touching the run.
+func TestSpoolReplayAfterRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newSweepWorld(t)
+	data := t.TempDir()
+	sp := spoolOf(data)
+
+	spooled := w.run(db.RunRunning, "n1", 0)
+	w.job(ExecuteRunArgs{RunID: spooled}, "n1@dead", 0)
+	exit := 3
+	if err := sp.save(runOutcome{RunID: spooled, Status: db.RunFailed, ErrorCode: codeCommandFailed,
+		ErrorMessage: "The command exited with status 3.", ExitCode: &exit, Log: []byte("working\nLAST LINE\n"),
+		LogHead: 18, LogTotal: 18}); err != nil {
+		t.Fatal(err)
+	}
+	unspooled := w.run(db.RunRunning, "n1", 0)
+	w.job(ExecuteRunArgs{RunID: unspooled}, "n1@dead", 0)
+	ended := w.run(db.RunRunning, "n1", 0)
+	if _, err := w.pool.Exec(ctx, `UPDATE runs SET status = 'cancelled', error_code = 'cancelled', finished_at = now()
+		WHERE id = $1`, ended); err != nil {
+		t.Fatal(err)
+	}
+	zero := 0
+	if err := sp.save(runOutcome{RunID: ended, Status: db.RunSucceeded, ExitCode: &zero}); err != nil {
+		t.Fatal(err)
+	}
+
+	e := NewExecuting("n1")
+	if err := e.Claim(ctx, w.pool); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	d := Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: e, DataDir: data}
+	if err := SweepOrphans(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if r := w.runRow(spooled); r.Status != db.RunRunning {
+		t.Fatalf("spooled run swept: %s/%s", r.Status, r.ErrorCode)
+	}
+	if r := w.runRow(unspooled); r.Status != db.RunFailed || r.ErrorCode != codeOrphaned {
+		t.Fatalf("the dead process's unspooled run = %s/%s, want failed/orphaned", r.Status, r.ErrorCode)
+	}
+
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := ReplaySpool(rctx, d); err != nil {
+		t.Fatal(err)
+	}
+	r := w.runRow(spooled)
+	if r.Status != db.RunFailed || r.ErrorCode != codeCommandFailed || r.ExitCode == nil || *r.ExitCode != 3 || r.FinishedAt == nil {
+		t.Fatalf("replayed run = %s/%s exit %v", r.Status, r.ErrorCode, r.ExitCode)
+	}
+	log, err := db.RunLogOf(ctx, w.pool, w.company, spooled)
+	if err != nil || !bytes.HasSuffix(log.Data, []byte("LAST LINE\n")) || log.Total != 18 {
+		t.Fatalf("replayed log = %q (%d), %v", log.Data, log.Total, err)
+	}
+	if n := w.count(`SELECT count(*) FROM river_job WHERE kind = 'finalize' AND args->>'run_id' = $1`, spooled); n != 1 {
+		t.Fatalf("%d finalize jobs for the replayed run, want 1", n)
+	}
+	if n := w.count(`SELECT count(*) FROM execution_workspaces WHERE id = $1 AND finalize_state = 'pending'`, r.ExecutionWorkspaceID); n != 1 {
+		t.Fatal("the replayed run's workspace finalize is not pending")
+	}
+	if r := w.runRow(ended); r.Status != db.RunCancelled {
+		t.Fatalf("replay rewrote an ended run: %s", r.Status)
+	}
+	if n := w.count(`SELECT count(*) FROM river_job WHERE kind = 'finalize' AND args->>'run_id' = $1`, ended); n != 0 {
+		t.Fatal("replay enqueued finalize for a run that had ended")
+	}
+	if ids, _ := sp.list(); len(ids) != 0 {
+		t.Fatalf("spool after replay = %v, want empty", ids)
+	}
+	// A later sweep still leaves the replayed run's own verdict alone.
+	if err := SweepOrphans(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if r := w.runRow(spooled); r.ErrorCode != codeCommandFailed {
+		t.Fatalf("after a second sweep the run says %s", r.ErrorCode)
+	}
+}
