@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,7 +29,16 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// AcquireTimeout is how long a caller waits for a pooled connection when every one is in use;
+// after it the call fails and AcquireTimedOut reports it (handlers answer 503 database_busy).
+const AcquireTimeout = 2 * time.Second
+
 // Open connects a pool to the database named by connString and checks that it answers.
+//
+// The pool outlives database restarts: a connection idle for over a second is pinged before it
+// is handed out and replaced if dead, one that fails mid-query is discarded, and new ones are
+// dialled on demand (each within ConnectTimeout), so after an outage the next callers get
+// fresh connections without anything restarting the pool.
 func Open(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
@@ -38,6 +48,11 @@ func Open(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 		cfg.MaxConns = 8
 	}
 	cfg.MaxConnIdleTime = 5 * time.Minute
+	cfg.HealthCheckPeriod = 10 * time.Second
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	cfg.ConnConfig.Tracer = acquireTimeout{} // pgxpool takes its AcquireTracer from here
 	cfg.ConnConfig.RuntimeParams["application_name"] = "berth"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -50,6 +65,64 @@ func Open(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("db: connect: %w", err)
 	}
 	return pool, nil
+}
+
+// acquireTimeout bounds every pool acquire by AcquireTimeout (pgxpool acquires with the context
+// its AcquireTracer returns) and records a timeout in the caller's context for AcquireTimedOut.
+type acquireTimeout struct{}
+
+type acquireKey struct{}
+
+// TraceQueryStart and TraceQueryEnd do nothing: a pgx tracer must be a QueryTracer.
+func (acquireTimeout) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (acquireTimeout) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// acquireState is what TraceAcquireStart leaves in the acquire's context.
+type acquireState struct {
+	cancel context.CancelFunc
+	parent context.Context
+}
+
+// errAcquireTimeout is the cause of an acquire context that ran out of AcquireTimeout.
+var errAcquireTimeout = errors.New("no pooled database connection became free in time")
+
+func (acquireTimeout) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	actx, cancel := context.WithTimeoutCause(ctx, AcquireTimeout, errAcquireTimeout)
+	return context.WithValue(actx, acquireKey{}, acquireState{cancel: cancel, parent: ctx})
+}
+
+func (acquireTimeout) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
+	st, ok := ctx.Value(acquireKey{}).(acquireState)
+	if !ok {
+		return
+	}
+	if data.Err != nil && errors.Is(context.Cause(ctx), errAcquireTimeout) {
+		if w, ok := st.parent.Value(acquireWatchKey{}).(*acquireWatch); ok {
+			w.timedOut.Store(true)
+		}
+	}
+	st.cancel()
+}
+
+type acquireWatchKey struct{}
+
+// acquireWatch records that an acquire under a context timed out.
+type acquireWatch struct{ timedOut atomic.Bool }
+
+// WatchAcquire returns a context under which AcquireTimedOut can later tell whether a pool
+// acquire gave up after AcquireTimeout (the error itself is a plain context.DeadlineExceeded).
+func WatchAcquire(ctx context.Context) context.Context {
+	return context.WithValue(ctx, acquireWatchKey{}, &acquireWatch{})
+}
+
+// AcquireTimedOut reports whether a pool acquire under ctx (made by WatchAcquire) timed out
+// because every connection stayed in use.
+func AcquireTimedOut(ctx context.Context) bool {
+	w, ok := ctx.Value(acquireWatchKey{}).(*acquireWatch)
+	return ok && w.timedOut.Load()
 }
 
 // InTx runs fn in a transaction that commits when fn returns nil and rolls back otherwise.

@@ -1,0 +1,124 @@
+package db_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"berth/db"
+	"berth/db/dbtest"
+)
+
+// TestAcquireTimeoutAndProber (F10 at the pool): with every pooled connection held, a query
+// gives up after db.AcquireTimeout, AcquireTimedOut says so (a plain deadline does not), the
+// prober still answers on its own connection, and after the release the pool serves again.
+func TestAcquireTimeoutAndProber(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	var held []*pgxpool.Conn
+	for range int(pool.Config().MaxConns) {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	wctx := db.WatchAcquire(ctx)
+	began := time.Now()
+	err := db.Ping(wctx, pool)
+	waited := time.Since(began)
+	if !errors.Is(err, context.DeadlineExceeded) || !db.AcquireTimedOut(wctx) {
+		t.Fatalf("ping on an exhausted pool = %v (timed out recorded: %v)", err, db.AcquireTimedOut(wctx))
+	}
+	if waited < db.AcquireTimeout/2 {
+		t.Fatalf("gave up after %s, before the acquire timeout", waited)
+	}
+	if db.Unavailable(err) {
+		t.Fatal("an exhausted pool is not an unavailable database")
+	}
+
+	// A caller's own shorter deadline is not a pool timeout.
+	short := db.WatchAcquire(ctx)
+	sctx, cancel := context.WithTimeout(short, 50*time.Millisecond)
+	defer cancel()
+	if err := db.Ping(sctx, pool); err == nil || db.AcquireTimedOut(short) {
+		t.Fatalf("short deadline: %v, recorded as pool timeout: %v", err, db.AcquireTimedOut(short))
+	}
+
+	p := db.NewProber(pool)
+	defer p.Close()
+	cctx, cancel2 := context.WithTimeout(ctx, time.Second)
+	defer cancel2()
+	if err := p.Check(cctx); err != nil {
+		t.Fatalf("prober with the pool exhausted: %v", err)
+	}
+	if err := db.Reachable(ctx, pool, time.Second); err != nil {
+		t.Fatalf("Reachable with the pool exhausted: %v", err)
+	}
+
+	for _, c := range held {
+		c.Release()
+	}
+	if err := db.Ping(db.WatchAcquire(ctx), pool); err != nil {
+		t.Fatalf("after the release: %v", err)
+	}
+}
+
+// TestUnavailableErrors: the errors a dead server produces are recognized; ordinary ones are not.
+func TestUnavailableErrors(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+
+	// A backend terminated under a session: what a connection sees when its server goes away.
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(ctx, `SELECT 1`)
+	conn.Release()
+	if !db.Unavailable(err) {
+		t.Fatalf("query on a terminated backend: %v (%T) not recognized", err, err)
+	}
+
+	// Nothing listens: a failed connect.
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "/nonexistent-berth-socket-dir", 5432
+	dead, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	err = db.Ping(ctx, dead)
+	if !db.Unavailable(err) {
+		t.Fatalf("ping with nothing listening: %v not recognized", err)
+	}
+	if err := db.Reachable(ctx, dead, time.Second); err == nil {
+		t.Fatal("Reachable with nothing listening")
+	}
+	p := db.NewProber(dead)
+	if err := p.Check(ctx); err == nil {
+		t.Fatal("prober with nothing listening")
+	}
+
+	for _, ok := range []error{nil, errors.New("boom"), db.ErrNotFound, context.DeadlineExceeded} {
+		if db.Unavailable(ok) {
+			t.Fatalf("%v taken for an outage", ok)
+		}
+	}
+	_, err = pool.Exec(ctx, `SELECT * FROM no_such_table`)
+	if err == nil || db.Unavailable(err) {
+		t.Fatalf("an SQL error taken for an outage: %v", err)
+	}
+}
