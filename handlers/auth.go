@@ -86,7 +86,18 @@ func (s *Server) identify(next http.Handler) http.Handler {
 				s.renderError(w, r, errUnauthorized)
 				return
 			}
-			p, err := s.tokenPrincipal(ctx, r, db.HashToken(token))
+			hash := db.HashToken(token)
+			resolve := func() (*principal, error) { return s.tokenPrincipal(ctx, r, hash) }
+			var p *principal
+			var err error
+			if isPreviewPath(r.URL.Path) {
+				p, err = s.previews.principal("token:"+string(hash), resolve)
+			} else {
+				p, err = resolve()
+			}
+			if p != nil && p.Run != nil {
+				p.Run.ip = clientIP(r)
+			}
 			if err != nil {
 				s.renderError(w, r, err)
 				return
@@ -95,7 +106,7 @@ func (s *Server) identify(next http.Handler) http.Handler {
 			return
 		}
 		if id := s.sessions.GetString(ctx, sessionUserKey); id != "" {
-			u, err := db.UserByID(ctx, s.pool, id)
+			u, err := s.sessionUser(ctx, r, id)
 			switch {
 			case errors.Is(err, db.ErrNotFound) || err == nil && u.Disabled:
 				if err := s.sessions.Destroy(ctx); err != nil {
@@ -111,6 +122,25 @@ func (s *Server) identify(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// sessionUser is the user a session names; for /preview/ requests it may be up to
+// previewGrantTTL old (preview_cache.go).
+func (s *Server) sessionUser(ctx context.Context, r *http.Request, id string) (db.User, error) {
+	if !isPreviewPath(r.URL.Path) {
+		return db.UserByID(ctx, s.pool, id)
+	}
+	p, err := s.previews.principal("user:"+id, func() (*principal, error) {
+		u, err := db.UserByID(ctx, s.pool, id)
+		if err != nil {
+			return nil, err
+		}
+		return &principal{User: u}, nil
+	})
+	if err != nil {
+		return db.User{}, err
+	}
+	return p.User, nil
 }
 
 // tokenPrincipal resolves a bearer token: a user token first (the common case costs one query),

@@ -28,10 +28,10 @@ import (
 // services at all.
 
 // previewGrantTTL is how long the proxy reuses one principal's access check for one service
-// generation (the membership, and the definition's strip_prefix), so a busy preview costs the
-// credential and the service row per request instead of four queries. The service row itself is
-// read on every request: a stopped or moved service is seen at once; a member removed is seen
-// within this time.
+// generation (the membership, and the definition's strip_prefix); preview_cache.go keeps the
+// credential and the service row as briefly, so a busy preview of a service running on this node
+// costs no query per request. A member removed is seen within this time; a stopped or moved
+// service at once.
 const previewGrantTTL = time.Second
 
 // previewGrant is a checked (principal, service generation) pair.
@@ -86,7 +86,7 @@ func (pv *previewProxy) serve(w http.ResponseWriter, r *http.Request) error {
 			"code": errUnauthorized.Code, "message": errUnauthorized.Message}})
 		return nil
 	}
-	svc, err := db.RuntimeServiceForProxy(ctx, s.pool, id)
+	svc, err := s.previews.service(ctx, s.pool, s.local, id)
 	if err != nil {
 		return err
 	}
@@ -140,6 +140,7 @@ func (pv *previewProxy) serve(w http.ResponseWriter, r *http.Request) error {
 				return // the browser went away
 			}
 			s.log.WarnContext(r.Context(), "preview upstream", "service_id", svc.ID, "err", err)
+			s.previews.forget(svc.ID)
 			if fresh, err := db.RuntimeServiceForProxy(r.Context(), s.pool, svc.ID); err == nil {
 				svc = fresh // the page says what the service is now
 			}
@@ -195,16 +196,7 @@ func (pv *previewProxy) keep(key string, g previewGrant) {
 	g.until = now.Add(previewGrantTTL)
 	pv.mu.Lock()
 	defer pv.mu.Unlock()
-	if len(pv.grants) > 4096 { // bounded: expired grants go first, then all
-		for k, old := range pv.grants {
-			if now.After(old.until) {
-				delete(pv.grants, k)
-			}
-		}
-		if len(pv.grants) > 4096 {
-			clear(pv.grants)
-		}
-	}
+	prune(pv.grants, now, func(g previewGrant) time.Time { return g.until })
 	pv.grants[key] = g
 }
 

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"berth/db"
 )
 
 // previewUpstream is a service behind the proxy: /echo reports what reached it, /sse streams
@@ -235,4 +237,36 @@ func (e *testEnv) previewStatus(a actor, path string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// TestPreviewCacheScope: the preview proxy's short memory of credentials (preview_cache.go) serves
+// /preview/ requests only: a token revoked after a preview request is refused at once everywhere
+// else. A service row that this node's supervisor does not vouch for (here: none runs it) is read
+// per request, so a stopped service is seen by the very next request.
+func TestPreviewCacheScope(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	r := e.roles()
+	_, port := previewUpstream(t)
+	id := e.previewService(r.A.ID, "running", port)
+	get := func(path string) int {
+		resp := e.do(e.client(), http.MethodGet, path, nil, map[string]string{"Authorization": "Bearer " + r.Viewer.Token})
+		readBody(t, resp)
+		return resp.StatusCode
+	}
+	if code := get("/preview/" + id + "/"); code != http.StatusOK {
+		t.Fatalf("preview = %d", code)
+	}
+	if _, err := e.pool.Exec(context.Background(), `UPDATE runtime_services SET status = 'stopped', port = NULL WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if code := get("/preview/" + id + "/"); code != http.StatusServiceUnavailable {
+		t.Fatalf("preview of a service stopped a moment ago = %d, want 503", code)
+	}
+	if _, err := e.pool.Exec(context.Background(), `UPDATE api_tokens SET revoked_at = now() WHERE token_hash = $1`, db.HashToken(r.Viewer.Token)); err != nil {
+		t.Fatal(err)
+	}
+	if code := get("/api/me"); code != http.StatusUnauthorized {
+		t.Fatalf("/api/me with a token revoked after a preview request = %d, want 401", code)
+	}
 }

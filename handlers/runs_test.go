@@ -47,9 +47,13 @@ func setupRuns(t testing.TB) *runEnv {
 		if err != nil {
 			t.Fatal(err)
 		}
-		client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		jd := jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
-			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir}, jobs.ClientOptions{Work: true, MaxWorkers: 4})
+			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir}
+		jd.Services = jobs.NewServices(jd) // shared with the preview proxy, as cmd/berth does
+		t.Cleanup(jd.Services.Close)
+		d.LocalServices = jd.Services
+		client, err := jobs.NewClient(jd, jobs.ClientOptions{Work: true, MaxWorkers: 4})
 		if err != nil {
 			t.Fatal(err)
 		}

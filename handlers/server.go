@@ -60,6 +60,15 @@ type Deps struct {
 	Metrics *Metrics
 	// MetricsToken, when set, is a bearer token that may read GET /metrics (BERTH_METRICS_TOKEN).
 	MetricsToken string
+	// Events fans this node's LISTEN berth_events out to GET /events streams (events.go); nil
+	// turns live pages off (GET /events is 404 and pages do not subscribe).
+	Events *Events
+	// LocalServices is this node's runtime service supervisor (jobs.Services), which lets the
+	// preview proxy skip the service row while it runs here; nil reads the row per request.
+	LocalServices LocalServices
+	// Nodes is this node's place among the others (nodes.go): previews and terminals owned by
+	// another node are forwarded to its internal listener; nil means a single node.
+	Nodes *Nodes
 }
 
 // Server holds the dependencies every handler uses.
@@ -80,6 +89,13 @@ type Server struct {
 	handler     http.Handler
 	stopUI      context.CancelFunc
 	imageSetup  *ImageSetup
+	local       LocalServices // this node's running services (preview_cache.go)
+	previews    *previewCache // credentials and service rows of /preview/ requests
+	nodes       *Nodes        // nodes.go, internal.go
+
+	// GET /events (events.go, events_stream.go); eventsHeartbeat 0 is the default interval.
+	events          *Events
+	eventsHeartbeat time.Duration
 
 	// GET /metrics (metrics.go).
 	metrics      *Metrics
@@ -104,6 +120,10 @@ func New(d Deps) (*Server, error) {
 		limit:       d.LoginLimit,
 		proxies:     d.TrustedProxies,
 		imageSetup:  d.ImageSetup,
+		events:      d.Events,
+		local:       d.LocalServices,
+		previews:    newPreviewCache(),
+		nodes:       d.Nodes,
 	}
 	s.limit = s.limit.withDefaults()
 

@@ -97,6 +97,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node,
 		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing,
 		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks, Admission: metrics.RunAdmission}
+	var local handlers.LocalServices // the preview proxy trusts this node's supervisor (handlers/preview_cache.go)
+	if c.Workers {
+		deps.Services = jobs.NewServices(deps)
+		defer deps.Services.Close()
+		local = deps.Services
+	}
 	client, err := jobs.NewClient(deps, jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
 	if err != nil {
 		return err
@@ -120,12 +126,6 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 				log.Warn("jobs did not stop cleanly", "err", err)
 			}
 		}()
-		sweepCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		err = jobs.SweepOrphans(sweepCtx, deps)
-		cancel()
-		if err != nil {
-			log.Warn("startup orphan sweep", "err", err)
-		}
 		// Outcomes a stopped predecessor spooled are written (until done); the sweep leaves
 		// their runs alone meanwhile (jobs/spool.go).
 		go func() {
@@ -133,6 +133,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 				log.Warn("run spool replay", "err", err)
 			}
 		}()
+		sweepCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err = jobs.SweepOrphans(sweepCtx, deps)
+		cancel()
+		if err != nil {
+			log.Warn("startup orphan sweep", "err", err)
+		}
 	}
 
 	if !web {
@@ -155,8 +161,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	// Live pages: one dedicated connection LISTENs for berth_events (docs/live.md).
+	events := handlers.NewEvents(0)
+	listener := &db.EventListener{Config: d.Pool.Config().ConnConfig, Log: log, OnEvent: events.Publish, OnListen: events.Listening}
+	go func() { _ = listener.Run(ctx) }()
 	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
-		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken})
+		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events})
 	if err != nil {
 		return err
 	}
