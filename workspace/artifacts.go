@@ -17,6 +17,10 @@ import (
 // workspace, so closing a workspace never deletes what it produced. Stored files are immutable.
 type Artifacts struct {
 	dir string
+	// step, when set (tests only), is called at each publish step of Put ("synced": the
+	// temporary file is complete and fsynced, "renamed": it is in place, its directory not yet
+	// fsynced), so a fault test can fail or kill the process there (docs/runs.md "Durability").
+	step func(string)
 }
 
 // NewArtifacts prepares <dataDir>/artifacts (mode 0700) and returns the store over it.
@@ -68,6 +72,7 @@ func (a *Artifacts) Put(ctx context.Context, r io.Reader, want string) (string, 
 	if err := tmp.Close(); err != nil {
 		return "", 0, fmt.Errorf("put artifact: %w", err)
 	}
+	a.at("synced")
 	final := filepath.Join(a.dir, got)
 	if fi, err := os.Lstat(final); err == nil && fi.Mode().IsRegular() && fi.Size() == n {
 		os.Remove(tmp.Name())
@@ -78,10 +83,18 @@ func (a *Artifacts) Put(ctx context.Context, r io.Reader, want string) (string, 
 		return "", 0, fmt.Errorf("put artifact: %w", err)
 	}
 	done = true
+	a.at("renamed")
 	if err := syncDir(a.dir); err != nil {
 		return "", 0, fmt.Errorf("put artifact: %w", err)
 	}
 	return got, n, nil
+}
+
+// at reports reaching a publish step to the test hook.
+func (a *Artifacts) at(step string) {
+	if a.step != nil {
+		a.step(step)
+	}
 }
 
 // Open returns the stored content for digest, which must be 64 lowercase hex (anything else is

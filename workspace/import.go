@@ -64,6 +64,18 @@ const maxTrailing = 64 << 10
 // verified and fsynced (files and directories) is the staging directory renamed to target. target
 // must not exist or be an empty directory. On any failure target is untouched and staging removed.
 func Import(ctx context.Context, r io.Reader, m Manifest, target string, lim Limits) error {
+	return importAt(ctx, r, m, target, lim, nil)
+}
+
+// importAt is Import calling step, when set (fault tests), at each publish step: "staged" (every
+// entry and directory written and fsynced, not yet renamed) and "renamed" (in place, the parent
+// directory not yet fsynced).
+func importAt(ctx context.Context, r io.Reader, m Manifest, target string, lim Limits, step func(string)) error {
+	at := func(s string) {
+		if step != nil {
+			step(s)
+		}
+	}
 	lim = lim.withDefaults()
 	if err := m.validate(lim); err != nil {
 		return fmt.Errorf("import: %w", err)
@@ -84,11 +96,13 @@ func Import(ctx context.Context, r io.Reader, m Manifest, target string, lim Lim
 	if err := importInto(ctx, r, m, staging, lim); err != nil {
 		return fmt.Errorf("import: %w", err)
 	}
+	at("staged")
 	// rename(2) directly: os.Rename refuses to replace an (empty) directory.
 	if err := unix.Rename(staging, target); err != nil {
 		return fmt.Errorf("import: rename into place: %w", err)
 	}
 	ok = true
+	at("renamed")
 	if err := syncDir(filepath.Dir(target)); err != nil {
 		return fmt.Errorf("import: %w", err)
 	}
@@ -274,7 +288,11 @@ func writeEntry(root *os.Root, tr *tar.Reader, want ManifestEntry, buf []byte) e
 	}
 	defer f.Close()
 	h := sha256.New()
-	n, err := io.CopyBuffer(io.MultiWriter(f, h), io.LimitReader(tr, want.Size), buf)
+	fw := &recordingWriter{w: f}
+	n, err := io.CopyBuffer(io.MultiWriter(fw, h), io.LimitReader(tr, want.Size), buf)
+	if fw.err != nil { // this disk failed (ENOSPC, EIO…), not the capsule: retryable as it is
+		return fmt.Errorf("write %.200q: %w", want.Path, fw.err)
+	}
 	if err != nil {
 		return tarErr(err)
 	}
@@ -291,6 +309,21 @@ func writeEntry(root *os.Root, tr *tar.Reader, want ManifestEntry, buf []byte) e
 		return err
 	}
 	return f.Close()
+}
+
+// recordingWriter remembers the error its writer returned, so a failed write to disk is told
+// apart from a bad stream.
+type recordingWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (r *recordingWriter) Write(p []byte) (int, error) {
+	n, err := r.w.Write(p)
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	return n, err
 }
 
 // checkTrailing accepts only zero bytes (record padding) after the end-of-archive marker.
