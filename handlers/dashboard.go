@@ -15,6 +15,7 @@ const dashboardCompanies = 100
 // dashboard is GET /: the companies the user can read (every company for an instance admin),
 // counts across them, recent activity, and for instance admins the create-company form.
 func (s *Server) dashboard(w http.ResponseWriter, r *http.Request, p *principal) error {
+	r = s.live(r, "topic", "task,environment") // the counts follow tasks and environments (events_pages.go)
 	return s.renderDashboard(w, r, p, http.StatusOK, views.CompanyForm{})
 }
 

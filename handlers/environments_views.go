@@ -55,6 +55,7 @@ func (s *Server) renderEnvironments(w http.ResponseWriter, r *http.Request, a ac
 func (s *Server) environmentPage(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
 	id := r.PathValue("id")
+	r = s.live(r, "environment", id) // qualification and images follow it (events_pages.go)
 	a, err := s.objectAccess(ctx, p, "environments", id)
 	if err != nil {
 		return err

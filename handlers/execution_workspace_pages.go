@@ -207,6 +207,7 @@ func readinessView(r readinessJSON) views.WorkspaceReadinessView {
 // workspacePage is GET /workspaces/{id}; ?confirm_destructive=1 previews a destructive close.
 func (s *Server) workspacePage(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
+	r = s.live(r, "workspace", r.PathValue("id")) // the body and services follow it (events_pages.go)
 	a, ws, err := s.workspaceFor(ctx, p, r.PathValue("id"))
 	if err != nil {
 		return err

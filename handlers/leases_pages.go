@@ -26,6 +26,7 @@ const maxLeaseEnvCompanies = 20
 // newest first, filtered by status, environment and company.
 func (s *Server) leasesPage(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx := r.Context()
+	r = s.live(r, "topic", "lease") // the results follow lease changes (events_pages.go)
 	q, err := parseLeaseQuery(r)
 	if err != nil {
 		return err

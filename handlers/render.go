@@ -15,9 +15,11 @@ func (s *Server) frame(r *http.Request, title, active string) views.Frame {
 		Title:   title,
 		Active:  active,
 		Version: s.version,
+		Events:  liveFrom(r), // the page's /events URL when its handler made it live (events_pages.go)
 		Assets: views.AssetURLs{
 			CSS:  s.assets.URL("css/app.css"),
 			HTMX: s.assets.URL("vendor/htmx.min.js"),
+			SSE:  s.sseAsset(),
 			App:  s.assets.URL("js/app.js"),
 		},
 	}

@@ -22,6 +22,9 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /api/me", s.api(s.me))
 	// Prometheus metrics (instance admins or BERTH_METRICS_TOKEN; anyone else 404; metrics.go).
 	mux.Handle("GET /metrics", s.handle(s.metricsEndpoint))
+	// Live pages: Server-Sent Events of the caller's companies' changes (events_stream.go,
+	// docs/live.md); a session or a user's API token, else 401.
+	mux.Handle("GET /events", s.handle(s.eventsStream))
 
 	// Companies (POST: instance admins).
 	mux.Handle("POST /api/companies", s.api(s.apiCreateCompany))

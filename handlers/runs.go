@@ -359,6 +359,7 @@ func (s *Server) cancelRunAPI(w http.ResponseWriter, r *http.Request, p *princip
 // runPage is GET /runs/{id}: the run's state, its steps, and its log (followed live with htmx).
 func (s *Server) runPage(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx, id := r.Context(), r.PathValue("id")
+	r = s.live(r, "run", id) // status, steps and log follow the run (events_pages.go)
 	a, err := s.objectAccess(ctx, p, "runs", id)
 	if err != nil {
 		return err

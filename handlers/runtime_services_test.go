@@ -317,10 +317,10 @@ func TestRuntimeServicesPanel(t *testing.T) {
 	if re.services(re.r.Viewer, ws.ID)["web"]["desired_state"] != "stopped" {
 		t.Fatal("a viewer's post changed the service")
 	}
-	// htmx start: the panel comes back, refreshing itself while the service starts.
+	// htmx start: the panel comes back, re-fetching itself on its services' events (no polling).
 	resp = re.form(re.r.Board, start, true)
 	body = readBody(t, resp)
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(strings.TrimSpace(body), `<section id="services"`) || !strings.Contains(body, `hx-trigger="every 2s"`) ||
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(strings.TrimSpace(body), `<section id="services"`) || !strings.Contains(body, `hx-trigger="sse:service"`) ||
 		!strings.Contains(body, "?fragment=services") {
 		t.Fatalf("htmx start = %d %.600s", resp.StatusCode, body)
 	}

@@ -57,6 +57,7 @@ func (s *Server) endSetupSessionForm(finish bool) func(http.ResponseWriter, *htt
 
 // setupSessionPage is /image-setup-sessions/{id} (instance admins).
 func (s *Server) setupSessionPage(w http.ResponseWriter, r *http.Request, p *principal) error {
+	r = s.live(r, "session", r.PathValue("id")) // the status follows the session (events_pages.go)
 	a, sess, err := s.sessionAccess(r, p, r.PathValue("id"), "image_setup_session.read")
 	if err != nil {
 		return err

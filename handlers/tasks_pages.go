@@ -196,6 +196,7 @@ func (s *Server) taskPageData(ctx context.Context, a access, snap db.PlanSnapsho
 // taskPage is one task: details, the effective plan with its trace, the binding, the edit form.
 func (s *Server) taskPage(w http.ResponseWriter, r *http.Request, p *principal) error {
 	ctx, id := r.Context(), r.PathValue("id")
+	r = s.live(r, "task", id) // its runs panel and plan follow the task (events_pages.go)
 	a, err := s.objectAccess(ctx, p, "tasks", id)
 	if err != nil {
 		return err
@@ -203,6 +204,13 @@ func (s *Server) taskPage(w http.ResponseWriter, r *http.Request, p *principal) 
 	snap, err := db.LoadPlanSnapshot(ctx, s.pool, a.Company.ID, id)
 	if err != nil {
 		return err
+	}
+	if taskFragmentRequest(r) && r.URL.Query().Get("fragment") == "runs" { // re-fetched on a run event
+		d, err := s.taskRunsData(ctx, a, id, snap)
+		if err != nil {
+			return err
+		}
+		return s.render(w, r, views.TaskRunsPanel(d))
 	}
 	d, err := s.taskPageData(ctx, a, snap)
 	if err != nil {

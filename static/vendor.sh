@@ -21,6 +21,7 @@ fi
 # source in node_modules -> name in vendor/
 files=(
 	"node_modules/htmx.org/dist/htmx.min.js:htmx.min.js"
+	"node_modules/htmx-ext-sse/dist/sse.min.js:htmx-ext-sse.min.js"
 	"node_modules/@xterm/xterm/lib/xterm.js:xterm.js"
 	"node_modules/@xterm/xterm/css/xterm.css:xterm.css"
 	"node_modules/@xterm/addon-fit/lib/addon-fit.js:addon-fit.js"

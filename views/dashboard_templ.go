@@ -81,7 +81,7 @@ func Dashboard(f Frame, d DashboardData) templ.Component {
 				}()
 			}
 			ctx = templ.InitializeContext(ctx)
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<div class=\"page-header\"><h1>Dashboard</h1><p class=\"subtitle\">Where your teams' work runs, and whether it is safe to close.</p></div><section class=\"grid stats\" aria-label=\"Counts\">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<div class=\"page-header\"><h1>Dashboard</h1><p class=\"subtitle\">Where your teams' work runs, and whether it is safe to close.</p></div><section class=\"grid stats\" id=\"dashboard-counts\" aria-label=\"Counts\" hx-get=\"/\" hx-select=\"#dashboard-counts\" hx-trigger=\"sse:task, sse:environment, sse:resync\" hx-swap=\"outerHTML\">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

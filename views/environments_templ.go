@@ -590,7 +590,7 @@ func EnvironmentPage(f Frame, d EnvironmentDetail) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 49, "</section><section class=\"card\" id=\"environment-qualification\"><h2>Qualification</h2>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 49, "</section><section class=\"card\" id=\"environment-qualification\" hx-get=\"\" hx-select=\"#environment-qualification\" hx-trigger=\"sse:environment, sse:resync\" hx-swap=\"outerHTML\"><h2>Qualification</h2>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -1145,7 +1145,7 @@ func envImagesCard(envID string, admin bool, d EnvironmentImages) templ.Componen
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 102, "<section class=\"card\" id=\"environment-images\"><h2>Image versions</h2>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 102, "<section class=\"card\" id=\"environment-images\" hx-get=\"\" hx-select=\"#environment-images\" hx-trigger=\"sse:environment, sse:setup_session, sse:resync\" hx-swap=\"outerHTML\"><h2>Image versions</h2>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

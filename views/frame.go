@@ -12,6 +12,9 @@ type Frame struct {
 	Assets  AssetURLs
 	// Company is the company the page belongs to; nil on instance-level pages (dashboard).
 	Company *CompanyNav
+	// Events is the page's GET /events URL (docs/live.md): the body subscribes to it and the
+	// page's live fragments re-fetch on its events; "" for a page that is not live.
+	Events string
 }
 
 // CompanyNav is the company a page belongs to, and the caller's standing in it.
@@ -29,6 +32,7 @@ type AssetURLs struct {
 	CSS  string
 	HTMX string
 	App  string
+	SSE  string // htmx's SSE extension (htmx-ext-sse)
 }
 
 // NavItem is one entry of the top navigation.

@@ -107,7 +107,7 @@ func PlanPanel(p PlanView) templ.Component {
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, "\" hx-trigger=\"plan-changed from:body\" hx-swap=\"outerHTML\"><h2>Effective plan</h2>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, "\" hx-trigger=\"plan-changed from:body, sse:task, sse:binding, sse:resync\" hx-swap=\"outerHTML\"><h2>Effective plan</h2>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
