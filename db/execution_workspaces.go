@@ -38,17 +38,19 @@ type ExecutionWorkspace struct {
 	CleanupReason      string
 	CreatedAt          time.Time
 	UpdatedAt          time.Time
+	// NodeID is the node whose disk holds the workspace (jobs on it go to that node's queue).
+	NodeID string
 }
 
 const executionWorkspaceColumns = `id, company_id, project_id, coalesce(project_workspace_id::text, ''),
 	coalesce(source_task_id::text, ''), mode, strategy, trust, status, finalize_state, generation, ref, cwd,
-	base_ref, base_commit, branch, base_tree_digest, reusable, plan, closed_at, cleanup_reason, created_at, updated_at`
+	base_ref, base_commit, branch, base_tree_digest, reusable, plan, closed_at, cleanup_reason, created_at, updated_at, node_id`
 
 func scanExecutionWorkspace(row pgx.Row) (ExecutionWorkspace, error) {
 	var w ExecutionWorkspace
 	err := row.Scan(&w.ID, &w.CompanyID, &w.ProjectID, &w.ProjectWorkspaceID, &w.SourceTaskID, &w.Mode, &w.Strategy,
 		&w.Trust, &w.Status, &w.FinalizeState, &w.Generation, &w.Ref, &w.Cwd, &w.BaseRef, &w.BaseCommit, &w.Branch,
-		&w.BaseTreeDigest, &w.Reusable, &w.Plan, &w.ClosedAt, &w.CleanupReason, &w.CreatedAt, &w.UpdatedAt)
+		&w.BaseTreeDigest, &w.Reusable, &w.Plan, &w.ClosedAt, &w.CleanupReason, &w.CreatedAt, &w.UpdatedAt, &w.NodeID)
 	return w, notFound(err)
 }
 
@@ -63,6 +65,7 @@ type NewExecutionWorkspace struct {
 	Trust              string
 	Ref                string // the opaque ws- ref the workspace manager will create
 	Plan               []byte
+	NodeID             string // the node that realizes it on its disk
 }
 
 // CreateExecutionWorkspace records a workspace in status preparing.
@@ -72,9 +75,10 @@ func CreateExecutionWorkspace(ctx context.Context, q Querier, n NewExecutionWork
 		plan = []byte("{}")
 	}
 	w, err := scanExecutionWorkspace(q.QueryRow(ctx, `INSERT INTO execution_workspaces (company_id, project_id,
-			project_workspace_id, source_task_id, mode, strategy, trust, ref, plan)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING `+executionWorkspaceColumns,
-		n.CompanyID, n.ProjectID, nullable(n.ProjectWorkspaceID), nullable(n.SourceTaskID), n.Mode, n.Strategy, n.Trust, n.Ref, plan))
+			project_workspace_id, source_task_id, mode, strategy, trust, ref, plan, node_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING `+executionWorkspaceColumns,
+		n.CompanyID, n.ProjectID, nullable(n.ProjectWorkspaceID), nullable(n.SourceTaskID), n.Mode, n.Strategy, n.Trust, n.Ref, plan,
+		n.NodeID))
 	if err != nil {
 		return ExecutionWorkspace{}, fmt.Errorf("create execution workspace: %w", err)
 	}

@@ -36,6 +36,7 @@ type SetupSession struct {
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 	FinishedAt    *time.Time
+	NodeID        string // the node whose process holds the session's shell and scratch layer
 }
 
 // Live reports whether the session still holds its environment's one live slot.
@@ -44,12 +45,12 @@ func (s SetupSession) Live() bool {
 }
 
 const setupSessionColumns = `id, company_id, environment_id, base_version, coalesce(user_id::text, ''), status,
-	expires_at, coalesce(result_version, 0), error, created_at, updated_at, finished_at`
+	expires_at, coalesce(result_version, 0), error, created_at, updated_at, finished_at, node_id`
 
 func scanSetupSession(row pgx.Row) (SetupSession, error) {
 	var s SetupSession
 	err := row.Scan(&s.ID, &s.CompanyID, &s.EnvironmentID, &s.BaseVersion, &s.UserID, &s.Status, &s.ExpiresAt,
-		&s.ResultVersion, &s.Error, &s.CreatedAt, &s.UpdatedAt, &s.FinishedAt)
+		&s.ResultVersion, &s.Error, &s.CreatedAt, &s.UpdatedAt, &s.FinishedAt, &s.NodeID)
 	return s, notFound(err)
 }
 
@@ -67,17 +68,18 @@ type NewSetupSession struct {
 	BaseVersion   int
 	UserID        string
 	TTL           time.Duration
+	NodeID        string
 }
 
 // CreateSetupSession records a session in status starting, expiring TTL from now (database
 // clock). A live session of the same environment is ErrConflict.
 func CreateSetupSession(ctx context.Context, q Querier, n NewSetupSession) (SetupSession, error) {
 	s, err := scanSetupSession(q.QueryRow(ctx, `INSERT INTO image_setup_sessions
-			(company_id, environment_id, base_version, user_id, status, expires_at)
-		VALUES ($1, $2, $3, $4, 'starting', now() + make_interval(secs => $5))
+			(company_id, environment_id, base_version, user_id, status, expires_at, node_id)
+		VALUES ($1, $2, $3, $4, 'starting', now() + make_interval(secs => $5), $6)
 		ON CONFLICT (environment_id) WHERE status IN ('starting', 'waiting_for_user', 'capturing') DO NOTHING
 		RETURNING `+setupSessionColumns,
-		n.CompanyID, n.EnvironmentID, n.BaseVersion, nullable(n.UserID), n.TTL.Seconds()))
+		n.CompanyID, n.EnvironmentID, n.BaseVersion, nullable(n.UserID), n.TTL.Seconds(), n.NodeID))
 	if errors.Is(err, ErrNotFound) {
 		return SetupSession{}, fmt.Errorf("create setup session of %s: %w", n.EnvironmentID, ErrConflict)
 	}

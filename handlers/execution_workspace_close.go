@@ -268,7 +268,7 @@ func (s *Server) closeWorkspace(ctx context.Context, r *http.Request, a access, 
 		}
 		args := facts.Args
 		args.Generation = ws.Generation
-		if _, err := s.jobs.InsertTx(ctx, tx, args, nil); err != nil {
+		if _, err := jobs.Enqueue(ctx, s.jobs, tx, args); err != nil {
 			return err
 		}
 		return s.auditTx(ctx, tx, r, a, "execution_workspace.close_requested", "execution_workspace", ws.ID,
@@ -316,8 +316,8 @@ func (s *Server) reopenWorkspace(ctx context.Context, r *http.Request, a access,
 		if ws, err = db.BeginWorkspaceReopen(ctx, tx, ws.ID, ws.Generation); err != nil {
 			return err
 		}
-		if _, err := s.jobs.InsertTx(ctx, tx, jobs.ReopenWorkspaceArgs{CompanyID: ws.CompanyID, WorkspaceID: ws.ID,
-			Generation: ws.Generation}, nil); err != nil {
+		if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.ReopenWorkspaceArgs{CompanyID: ws.CompanyID, WorkspaceID: ws.ID,
+			Generation: ws.Generation}); err != nil {
 			return err
 		}
 		return s.auditTx(ctx, tx, r, a, "execution_workspace.reopen_requested", "execution_workspace", ws.ID,

@@ -44,6 +44,7 @@ type workspaceJSON struct {
 	CleanupReason      *string         `json:"cleanup_reason"`
 	CreatedAt          time.Time       `json:"created_at"`
 	UpdatedAt          time.Time       `json:"updated_at"`
+	NodeID             *string         `json:"node_id"` // the node whose disk holds it (docs/scaling.md)
 }
 
 func newWorkspaceJSON(w db.ExecutionWorkspace) workspaceJSON {
@@ -56,7 +57,7 @@ func newWorkspaceJSON(w db.ExecutionWorkspace) workspaceJSON {
 		FinalizeState: w.FinalizeState, Generation: w.Generation, Ref: w.Ref, Cwd: optional(w.Cwd), BaseRef: optional(w.BaseRef),
 		BaseCommit: optional(w.BaseCommit), Branch: optional(w.Branch), BaseTreeDigest: optional(w.BaseTreeDigest),
 		Reusable: w.Reusable, Plan: plan, ClosedAt: utcPtr(w.ClosedAt), CleanupReason: optional(w.CleanupReason),
-		CreatedAt: w.CreatedAt.UTC(), UpdatedAt: w.UpdatedAt.UTC()}
+		CreatedAt: w.CreatedAt.UTC(), UpdatedAt: w.UpdatedAt.UTC(), NodeID: optional(w.NodeID)}
 }
 
 // workspaceCursor is the keyset position of the workspace list (newest first).

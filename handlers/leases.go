@@ -306,7 +306,7 @@ func (s *Server) enqueueLeaseCleanup(ctx context.Context, tx pgx.Tx, l db.Lease)
 	if s.jobs == nil {
 		return nil
 	}
-	_, err := s.jobs.InsertTx(ctx, tx, jobs.CleanupLeaseArgs{LeaseID: l.ID, Generation: l.Generation}, nil)
+	_, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.CleanupLeaseArgs{LeaseID: l.ID, Generation: l.Generation})
 	return err
 }
 

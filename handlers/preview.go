@@ -99,6 +99,9 @@ func (pv *previewProxy) serve(w http.ResponseWriter, r *http.Request) error {
 		pv.keep(key, g)
 	}
 	a, strip := g.a, g.strip
+	if done, err := pv.forwardPreview(w, r, p, svc); done { // it runs on another node (preview_forward.go)
+		return err
+	}
 	if svc.Status != db.ServiceRunning || svc.Port == 0 {
 		return pv.unavailable(w, r, a, svc)
 	}

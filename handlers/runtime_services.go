@@ -185,7 +185,7 @@ func (s *Server) controlService(r *http.Request, a access, wsID, name, action st
 		if svc, err = db.SetRuntimeServiceDesired(ctx, tx, svc.ID, desired, runID); err != nil {
 			return err
 		}
-		if _, err := s.jobs.InsertTx(ctx, tx, jobs.RuntimeServiceArgs{ServiceID: svc.ID, Action: action, Reason: jobs.StopRequested}, nil); err != nil {
+		if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.RuntimeServiceArgs{ServiceID: svc.ID, Action: action, Reason: jobs.StopRequested}); err != nil {
 			return err
 		}
 		return s.auditTx(ctx, tx, r, a, "runtime_service."+action, "runtime_service", svc.ID, map[string]any{"name": name})

@@ -92,6 +92,7 @@ type Server struct {
 	local       LocalServices // this node's running services (preview_cache.go)
 	previews    *previewCache // credentials and service rows of /preview/ requests
 	nodes       *Nodes        // nodes.go, internal.go
+	preview     *previewProxy // the /preview/ proxy, shared with the internal listener (internal.go)
 
 	// GET /events (events.go, events_stream.go); eventsHeartbeat 0 is the default interval.
 	events          *Events

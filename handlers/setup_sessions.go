@@ -47,11 +47,13 @@ type setupSessionJSON struct {
 	CreatedAt     time.Time  `json:"created_at"`
 	FinishedAt    *time.Time `json:"finished_at"`
 	Error         *string    `json:"error"`
+	NodeID        *string    `json:"node_id"`
 }
 
 func setupSessionOut(s db.SetupSession) setupSessionJSON {
 	out := setupSessionJSON{ID: s.ID, EnvironmentID: s.EnvironmentID, Status: s.Status, BaseVersion: s.BaseVersion,
-		ExpiresAt: s.ExpiresAt.UTC(), CreatedAt: s.CreatedAt.UTC(), FinishedAt: utcPtr(s.FinishedAt), Error: optional(s.Error)}
+		ExpiresAt: s.ExpiresAt.UTC(), CreatedAt: s.CreatedAt.UTC(), FinishedAt: utcPtr(s.FinishedAt), Error: optional(s.Error),
+		NodeID: optional(s.NodeID)}
 	if s.ResultVersion > 0 {
 		n := s.ResultVersion
 		out.ResultVersion = &n
@@ -144,7 +146,7 @@ func (s *Server) startSetupSession(r *http.Request, a access, envID string, ttl 
 			return err
 		}
 		sess, err = db.CreateSetupSession(ctx, tx, db.NewSetupSession{CompanyID: a.Company.ID, EnvironmentID: envID,
-			BaseVersion: active.Number, UserID: a.P.User.ID, TTL: ttl})
+			BaseVersion: active.Number, UserID: a.P.User.ID, TTL: ttl, NodeID: s.nodes.self()})
 		if errors.Is(err, db.ErrConflict) {
 			return &httpError{Status: http.StatusConflict, Code: "setup_session_live",
 				Message: "This environment already has a live setup session: finish or cancel it first."}

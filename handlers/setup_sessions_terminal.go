@@ -61,6 +61,9 @@ func (s *Server) terminalSocket(w http.ResponseWriter, r *http.Request) error {
 		s.audit(ctx, r, nil, "", "terminal.origin_refused", "image_setup_session", auditText(id), map[string]any{"origin": auditText(o)})
 		return errCrossOrigin
 	}
+	if done, err := s.forwardTerminal(w, r, id); done || err != nil { // its shell is on another node (preview_forward.go)
+		return err
+	}
 	is := s.imageSetup
 	if is == nil || is.Terminals == nil || is.Jail == nil {
 		return errNotFound

@@ -183,6 +183,9 @@ func NewClient(d Deps, opts ClientOptions) (*river.Client[pgx.Tx], error) {
 	cfg := tunedConfig(d, workers)
 	if opts.Work {
 		cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: max(opts.MaxWorkers, 1)}}
+		if q := NodeQueue(d.NodeID); q != river.QueueDefault { // work bound to this node's disk (nodes_queue.go)
+			cfg.Queues[q] = river.QueueConfig{MaxWorkers: max(opts.MaxWorkers, 1)}
+		}
 		cfg.PeriodicJobs = PeriodicJobs()
 	}
 	client, err := river.NewClient(riverpgxv5.New(d.Pool), cfg)

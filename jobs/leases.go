@@ -59,7 +59,7 @@ func (w *ExpireLeasesWorker) Work(ctx context.Context, job *river.Job[ExpireLeas
 			}
 			n = len(leases)
 			for _, l := range leases {
-				if _, err := client.InsertTx(ctx, tx, CleanupLeaseArgs{LeaseID: l.ID, Generation: l.Generation}, nil); err != nil {
+				if _, err := Enqueue(ctx, client, tx, CleanupLeaseArgs{LeaseID: l.ID, Generation: l.Generation}); err != nil {
 					return fmt.Errorf("enqueue cleanup of lease %s: %w", l.ID, err)
 				}
 				if err := db.InsertAudit(ctx, tx, db.AuditEvent{CompanyID: l.CompanyID, ActorType: db.ActorSystem,

@@ -102,7 +102,7 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 		if _, err := db.TransitionRun(ctx, tx, run.ID, []string{db.RunPreparing}, db.RunPreparing, db.RunUpdate{}); err != nil {
 			return err
 		}
-		_, err := river.ClientFromContext[pgx.Tx](ctx).InsertTx(ctx, tx, ExecuteRunArgs{RunID: run.ID}, nil)
+		_, err := Enqueue(ctx, river.ClientFromContext[pgx.Tx](ctx), tx, ExecuteRunArgs{RunID: run.ID})
 		return err
 	})
 }
@@ -165,7 +165,7 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 		var err error
 		ws, err = db.CreateExecutionWorkspace(ctx, tx, db.NewExecutionWorkspace{CompanyID: run.CompanyID, ProjectID: task.ProjectID,
 			ProjectWorkspaceID: pw.ID, SourceTaskID: task.ID, Mode: plan.Mode, Strategy: string(res.Strategy), Trust: task.Trust,
-			Ref: res.Ref, Plan: run.Plan})
+			Ref: res.Ref, Plan: run.Plan, NodeID: w.deps.NodeID})
 		if err != nil {
 			return err
 		}

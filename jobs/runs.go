@@ -88,7 +88,7 @@ func (w runWorker) enqueueFinalize(ctx context.Context, tx pgx.Tx, run db.Run) e
 			return err
 		}
 	}
-	_, err := river.ClientFromContext[pgx.Tx](ctx).InsertTx(ctx, tx, FinalizeArgs{RunID: run.ID}, nil)
+	_, err := Enqueue(ctx, river.ClientFromContext[pgx.Tx](ctx), tx, FinalizeArgs{RunID: run.ID})
 	return err
 }
 

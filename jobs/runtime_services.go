@@ -474,6 +474,6 @@ func failReason(err error) string {
 
 // EnqueueService enqueues a control step for a service inside tx.
 func EnqueueService(ctx context.Context, ins jobClient, tx pgx.Tx, id, action, reason string) error {
-	_, err := ins.InsertTx(ctx, tx, RuntimeServiceArgs{ServiceID: id, Action: action, Reason: reason}, nil)
+	_, err := Enqueue(ctx, ins, tx, RuntimeServiceArgs{ServiceID: id, Action: action, Reason: reason})
 	return err
 }

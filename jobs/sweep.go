@@ -247,6 +247,8 @@ func orphanMessage(reason, node string) string {
 	switch reason {
 	case reasonNodeRestarted:
 		return fmt.Sprintf("The Berth process executing this run on node %s stopped (crash or restart) before the run ended.", node)
+	case reasonNodeDead: // jobs/nodes.go
+		return fmt.Sprintf("Node %s, which held this run, stopped sending heartbeats and was declared dead; the run was settled by another node.", node)
 	case reasonStale:
 		return fmt.Sprintf("The run's executor (node %s) sent no heartbeat for more than %s.", node, staleAfter)
 	default:
@@ -305,7 +307,7 @@ func (s *sweeper) orphan(ctx context.Context, c db.OrphanCandidate, reason strin
 				return err
 			}
 		}
-		if _, err := s.ins.InsertTx(ctx, tx, FinalizeArgs{RunID: r.ID}, nil); err != nil {
+		if _, err := Enqueue(ctx, s.ins, tx, FinalizeArgs{RunID: r.ID}); err != nil {
 			return fmt.Errorf("enqueue finalize: %w", err)
 		}
 		ended = true

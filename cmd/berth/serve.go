@@ -45,6 +45,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		fs.StringVar(&c.Addr, "addr", addrDefault, "listen address (BERTH_ADDR)")
 		fs.BoolVar(&c.Demo, "demo", false, "seed a demo company on a fresh install")
 	}
+	nf := addNodeFlags(fs, getenv) // --internal-addr, --internal-url (nodes.go)
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -107,6 +108,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	// The node registers (and opens its internal listener) before its client fetches (nodes.go).
+	node0, err := startNode(ctx, nf, getenv, nodeStart{Log: log, Deps: deps, Client: client, Kind: name, Works: c.Workers, Secret: key})
+	if err != nil {
+		return err
+	}
+	defer node0.stop()
 	if c.Workers {
 		// The node claim comes before the first fetch, the startup sweep after the start: a
 		// restarted node recovers its dead predecessor's runs at once (jobs/sweep.go).
@@ -142,6 +149,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 
 	if !web {
+		if err := node0.serveWorker(handlers.Deps{Pool: d.Pool, Jobs: client, Secrets: sealer, Workspaces: mgr, Log: log,
+			BaseURL: c.BaseURL, Version: version, Metrics: metrics, LocalServices: local}); err != nil {
+			return err
+		}
 		log.Info("worker running", "startup_ms", time.Since(started).Milliseconds())
 		<-ctx.Done()
 		log.Info("worker stopping")
@@ -166,11 +177,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	listener := &db.EventListener{Config: d.Pool.Config().ConnConfig, Log: log, OnEvent: events.Publish, OnListen: events.Listening}
 	go func() { _ = listener.Run(ctx) }()
 	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
-		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events})
+		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events,
+		Nodes: node0.handlerNodes()})
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
+	node0.serveInternal(srv)
 
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {

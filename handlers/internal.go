@@ -1,0 +1,125 @@
+package handlers
+
+// The internal listener (DESIGN §11, docs/scaling.md "The internal address"): node-to-node
+// requests only. A web node forwards a preview or a setup-session terminal whose process lives on
+// another node to that node's internal listener; every such request is signed with the
+// node-to-node key (NodeKey), which is derived from Berth's secret key with a purpose label of
+// its own. Anything unsigned, badly signed, stale or for another route is refused: 401 without a
+// valid signature, 404 for any other path. The listener carries no session and no API.
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"berth/db"
+)
+
+// nodeKeyLabel is the purpose label of the node-to-node key: it opens nothing else.
+const nodeKeyLabel = "berth node-to-node request signing v1"
+
+// nodeAuthHeader carries "<unix seconds>.<hex HMAC-SHA256(key, seconds \n method \n request URI)>".
+const nodeAuthHeader = "X-Berth-Node-Auth"
+
+// nodeUserHeader names the user a web node authenticated for a forwarded preview (covered by
+// the signature).
+const nodeUserHeader = "X-Berth-Node-User"
+
+// nodeAuthSkew is how far a signature's time may be from this node's clock.
+const nodeAuthSkew = 60 * time.Second
+
+// NodeKey derives the node-to-node key from Berth's secret key (BERTH_SECRET_KEY or the data
+// dir's key file): HMAC-SHA256 keyed by the secret over a label no other key uses.
+func NodeKey(secret []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(nodeKeyLabel))
+	return m.Sum(nil)
+}
+
+// nodeSignature is the signature of one request at unix time ts, over its user header too.
+func nodeSignature(key []byte, ts int64, method, uri, user string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(strconv.FormatInt(ts, 10) + "\n" + method + "\n" + uri + "\n" + user))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// signNodeRequest signs r (its method, request URI and user header) for another node.
+func signNodeRequest(r *http.Request, key []byte, now time.Time) {
+	ts := now.Unix()
+	r.Header.Set(nodeAuthHeader, strconv.FormatInt(ts, 10)+"."+nodeSignature(key, ts, r.Method, r.URL.RequestURI(), r.Header.Get(nodeUserHeader)))
+}
+
+// verifyNodeRequest checks r's signature (constant-time) and its age.
+func verifyNodeRequest(r *http.Request, key []byte, now time.Time) bool {
+	if len(key) == 0 {
+		return false
+	}
+	tsText, sig, ok := strings.Cut(r.Header.Get(nodeAuthHeader), ".")
+	if !ok {
+		return false
+	}
+	ts, err := strconv.ParseInt(tsText, 10, 64)
+	if err != nil {
+		return false
+	}
+	if d := now.Sub(time.Unix(ts, 0)); d > nodeAuthSkew || d < -nodeAuthSkew {
+		return false
+	}
+	want := nodeSignature(key, ts, r.Method, r.URL.RequestURI(), r.Header.Get(nodeUserHeader))
+	return hmac.Equal([]byte(sig), []byte(want))
+}
+
+// InternalHandler is the internal listener's handler: signed forwarded previews and terminals,
+// nothing else.
+func (s *Server) InternalHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/internal/preview/{id}/", http.HandlerFunc(s.internalPreview))
+	mux.Handle("GET /internal/image-setup-sessions/{id}/terminal", s.handle(s.terminalSocket))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var key []byte
+		if s.nodes != nil {
+			key = s.nodes.Key
+		}
+		if !verifyNodeRequest(r, key, time.Now()) {
+			writeJSON(w, http.StatusUnauthorized, map[string]any{"error": map[string]string{
+				"code": "unauthorized", "message": "Node-to-node requests only."}})
+			return
+		}
+		r.Header.Del(nodeAuthHeader)
+		if !strings.HasPrefix(r.URL.Path, "/internal/preview/") &&
+			!strings.HasPrefix(r.URL.Path, "/internal/image-setup-sessions/") {
+			writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]string{"code": "not_found", "message": "Not found."}})
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// internalPreview serves a preview a web node forwarded: as the user it names, through the same
+// proxy (and the same membership check) as /preview/, on the node that runs the service.
+func (s *Server) internalPreview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	id := r.PathValue("id")
+	userID := r.Header.Get(nodeUserHeader)
+	r.Header.Del(nodeUserHeader)
+	u, err := db.UserByID(ctx, s.pool, userID)
+	if err != nil || u.Disabled {
+		s.renderError(w, r, errNotFound)
+		return
+	}
+	svc, err := db.RuntimeServiceForProxy(ctx, s.pool, id)
+	if err != nil || svc.NodeID != s.nodes.self() {
+		s.renderError(w, r, errNotFound) // not here: never forward again (no loops)
+		return
+	}
+	r2 := r.Clone(context.WithValue(ctx, principalKey, &principal{User: u, Via: "node"}))
+	r2.URL.Path = strings.TrimPrefix(r.URL.Path, "/internal")
+	r2.URL.RawPath = ""
+	r2.SetPathValue("id", id)
+	s.preview.ServeHTTP(w, r2)
+}

@@ -1,0 +1,150 @@
+package handlers
+
+// Forwarding to the owning node (DESIGN §11, docs/scaling.md): a preview whose service runs on
+// another node, or a terminal whose shell does, is proxied to that node's internal listener,
+// signed with the node-to-node key (internal.go). The web node has already decided who the
+// caller is; Berth's cookies and the Authorization header never leave it. WebSocket upgrades pass
+// through (httputil.ReverseProxy switches protocols on both hops).
+
+import (
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"berth/db"
+)
+
+// nodeURLTTL is how long a web node reuses another node's internal URL and liveness.
+const nodeURLTTL = 2 * time.Second
+
+// nodeDirectory caches other nodes' internal URLs briefly (a busy preview costs no query per
+// request).
+type nodeDirectory struct {
+	mu      sync.Mutex
+	entries map[string]nodeEntry
+}
+
+type nodeEntry struct {
+	url   *url.URL // nil: down or no internal listener
+	until time.Time
+}
+
+var forwardTransport = &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
+
+// nodeURL is node id's internal listener, or nil when it is down or has none.
+func (s *Server) nodeURL(r *http.Request, id string) *url.URL {
+	d := s.nodeDir()
+	now := time.Now()
+	d.mu.Lock()
+	e, ok := d.entries[id]
+	d.mu.Unlock()
+	if ok && now.Before(e.until) {
+		return e.url
+	}
+	e = nodeEntry{until: now.Add(nodeURLTTL)}
+	if n, err := db.NodeByID(r.Context(), s.pool, id, s.nodes.deadAfter()); err == nil && n.Alive && n.InternalURL != "" {
+		if u, err := url.Parse(n.InternalURL); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" {
+			e.url = u
+		}
+	}
+	d.mu.Lock()
+	prune(d.entries, now, func(e nodeEntry) time.Time { return e.until })
+	d.entries[id] = e
+	d.mu.Unlock()
+	return e.url
+}
+
+// nodeDir is the server's directory, made on first use.
+func (s *Server) nodeDir() *nodeDirectory {
+	s.nodes.dirOnce.Do(func() { s.nodes.dir = &nodeDirectory{entries: map[string]nodeEntry{}} })
+	return s.nodes.dir
+}
+
+// remoteNode reports the node other than this one that owns a process, or "" to serve here.
+func (s *Server) remoteNode(r *http.Request, owner string) string {
+	if s.nodes == nil || len(s.nodes.Key) == 0 || owner == "" || owner == s.nodes.Self ||
+		strings.HasPrefix(r.URL.Path, "/internal/") {
+		return ""
+	}
+	return owner
+}
+
+var errNodeDown = &httpError{Status: http.StatusServiceUnavailable, Code: "node_unavailable",
+	Message: "The node that runs this is down or unreachable; try again when it is back."}
+
+// forwardTo proxies r to node's internal listener under path, signed, as user (may be "").
+func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, node, path, user string) error {
+	target := s.nodeURL(r, node)
+	if target == nil {
+		return errNodeDown
+	}
+	rp := &httputil.ReverseProxy{
+		Transport:     forwardTransport,
+		FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.URL.Path = strings.TrimSuffix(target.Path, "/") + path
+			pr.Out.URL.RawPath = ""
+			pr.Out.URL.RawQuery = r.URL.RawQuery
+			pr.Out.Host = r.Host // the owning node sets X-Forwarded-Host from it
+			pr.Out.Header.Del("Authorization")
+			pr.Out.Header.Del("Proxy-Authorization")
+			pr.Out.Header.Del(nodeAuthHeader)
+			stripBerthCookies(pr.Out, s.sessions.Cookie.Name)
+			pr.Out.Header.Del(nodeUserHeader)
+			if user != "" {
+				pr.Out.Header.Set(nodeUserHeader, user)
+			}
+			signNodeRequest(pr.Out, s.nodes.Key, time.Now())
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the caller went away
+			}
+			s.log.WarnContext(r.Context(), "forward to node", "node", node, "err", err)
+			s.nodeDir().forget(node)
+			s.renderError(w, r, errNodeDown)
+		},
+	}
+	rp.ServeHTTP(w, r)
+	return nil
+}
+
+func (d *nodeDirectory) forget(id string) {
+	d.mu.Lock()
+	delete(d.entries, id)
+	d.mu.Unlock()
+}
+
+// forwardPreview serves a running service of another node through that node; it reports
+// whether it answered. A run token's preview is served only on its own node (a run reaches
+// Berth through the node it runs on).
+func (pv *previewProxy) forwardPreview(w http.ResponseWriter, r *http.Request, p *principal, svc db.RuntimeService) (bool, error) {
+	s := pv.s
+	node := s.remoteNode(r, svc.NodeID)
+	if node == "" || svc.Status != db.ServiceRunning || p.Run != nil {
+		return false, nil
+	}
+	pv.touch(r, svc.ID)
+	return true, s.forwardTo(w, r, node, "/internal"+r.URL.Path, p.User.ID)
+}
+
+// forwardTerminal sends a setup session's terminal WebSocket to the node holding its shell; it
+// reports whether it answered. The first frame's token still authenticates the user there.
+func (s *Server) forwardTerminal(w http.ResponseWriter, r *http.Request, id string) (bool, error) {
+	if s.nodes == nil || strings.HasPrefix(r.URL.Path, "/internal/") {
+		return false, nil
+	}
+	owner, err := db.SetupSessionNode(r.Context(), s.pool, id)
+	if err != nil {
+		return false, err
+	}
+	node := s.remoteNode(r, owner)
+	if node == "" {
+		return false, nil
+	}
+	return true, s.forwardTo(hijacker{w}, r, node, "/internal/image-setup-sessions/"+id+"/terminal", "")
+}

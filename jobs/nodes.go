@@ -1,0 +1,203 @@
+package jobs
+
+// Nodes (DESIGN §11, docs/scaling.md): every Berth process registers its node, heartbeats it,
+// and looks for dead nodes to take over. A node silent for DeadAfter is dead; within Takeover of
+// that, some live node settles what it held: its live runs end failed/orphaned (finalize waits in
+// the dead node's queue for its return), its leases are expired at once and cleaned (by any
+// node: the processes died with it), its services are marked stopped and its setup sessions
+// failed. When the node starts again it registers a new life, and its startup sweep kills what
+// is left of its own processes (SweepOrphans) and works its queue again.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"berth/db"
+)
+
+// NodeTiming is the node registry's clock. The defaults are DESIGN §11's.
+type NodeTiming struct {
+	// Heartbeat is how often a node renews its row (5 s).
+	Heartbeat time.Duration
+	// DeadAfter: a node silent this long is dead (30 s).
+	DeadAfter time.Duration
+	// Takeover is how often a node looks for dead nodes to take over (10 s), so a dead node's
+	// holdings are settled within DeadAfter + Takeover of its last heartbeat.
+	Takeover time.Duration
+}
+
+// DefaultNodeTiming is DESIGN §11's: heartbeat every 5 s, dead after 30 s, takeover checked
+// every 10 s.
+func DefaultNodeTiming() NodeTiming {
+	return NodeTiming{Heartbeat: 5 * time.Second, DeadAfter: 30 * time.Second, Takeover: 10 * time.Second}
+}
+
+// reasonNodeDead is the orphan reason of a dead node's runs.
+const reasonNodeDead = "node_dead"
+
+// NodeKeeper keeps this process's node row alive and takes over dead nodes.
+type NodeKeeper struct {
+	deps   Deps
+	reg    db.NodeRegistration
+	timing NodeTiming
+	ins    jobClient
+	log    *slog.Logger
+}
+
+// NewNodeKeeper makes the keeper of node reg.ID; ins enqueues the takeover's jobs (an
+// insert-only client does on a web node).
+func NewNodeKeeper(d Deps, reg db.NodeRegistration, timing NodeTiming, ins jobClient) *NodeKeeper {
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	return &NodeKeeper{deps: d, reg: reg, timing: timing, ins: ins, log: d.Log.With("component", "nodes", "node", reg.ID)}
+}
+
+// Register records this node's new life. Call it before the River client starts.
+func (k *NodeKeeper) Register(ctx context.Context) error {
+	return db.RegisterNode(ctx, k.deps.Pool, k.reg)
+}
+
+// Run heartbeats and takes over dead nodes until ctx ends.
+func (k *NodeKeeper) Run(ctx context.Context) {
+	beat := time.NewTicker(k.timing.Heartbeat)
+	defer beat.Stop()
+	look := time.NewTicker(k.timing.Takeover)
+	defer look.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-beat.C:
+			k.heartbeat(ctx)
+		case <-look.C:
+			if _, err := TakeOverDeadNodes(ctx, k.deps, k.ins, k.timing.DeadAfter); err != nil && ctx.Err() == nil {
+				k.log.Warn("dead-node takeover", "err", err)
+			}
+		}
+	}
+}
+
+// heartbeat renews the row; a node the others took over (it was silent too long: a long
+// database outage, a paused machine) registers a new life, and what it still runs finds its
+// runs ended and its leases fenced.
+func (k *NodeKeeper) heartbeat(ctx context.Context) {
+	err := db.HeartbeatNode(ctx, k.deps.Pool, k.reg.ID)
+	if errors.Is(err, db.ErrNodeTakenOver) || errors.Is(err, db.ErrNotFound) {
+		k.log.Warn("this node was declared dead by the others; registering again")
+		err = k.Register(ctx)
+	}
+	if err != nil && ctx.Err() == nil {
+		k.log.Warn("node heartbeat", "err", err)
+	}
+}
+
+// TakeOverDeadNodes takes over every node silent for deadAfter whose current life is not taken
+// over yet (never this process's own node), and returns how many it took over.
+func TakeOverDeadNodes(ctx context.Context, d Deps, ins jobClient, deadAfter time.Duration) (int, error) {
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	dead, err := db.DeadNodes(ctx, d.Pool, deadAfter)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, id := range dead {
+		if id == d.NodeID {
+			continue
+		}
+		took, err := takeOver(ctx, d, ins, id, deadAfter)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", id, err))
+		}
+		if took {
+			n++
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// takeOver settles dead node id: first its live runs (each in its own transaction, as the
+// orphan sweep ends them), then, in one transaction under its row lock, its leases, services and
+// setup sessions and the mark. A failure leaves the node unmarked, and the next look retries;
+// every step is idempotent.
+func takeOver(ctx context.Context, d Deps, ins jobClient, id string, deadAfter time.Duration) (bool, error) {
+	s := sweeper{deps: d, log: d.Log.With("component", "nodes", "dead_node", id), ins: ins}
+	cands, err := loadCandidates(ctx, d.Pool)
+	if err != nil {
+		return false, err
+	}
+	orphaned := 0
+	var errs []error
+	for _, c := range cands {
+		if c.NodeID != id {
+			continue
+		}
+		if alive, err := db.NodeAlive(ctx, d.Pool, id, deadAfter); err != nil || alive {
+			return false, err // it came back: its own sweep decides
+		}
+		ended, err := s.orphan(ctx, c, reasonNodeDead)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("run %s: %w", c.ID, err))
+		}
+		if ended {
+			orphaned++
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return false, err
+	}
+	var leases []db.Lease
+	var services, sessions int64
+	took := false
+	err = db.InTx(ctx, d.Pool, func(tx pgx.Tx) error {
+		ok, err := db.LockDeadNode(ctx, tx, id, deadAfter)
+		if err != nil || !ok {
+			return err
+		}
+		// Marked first, so the cleanups below are placed on any node (Place, cleanup_lease).
+		if err := db.MarkNodeTakenOver(ctx, tx, id); err != nil {
+			return err
+		}
+		if leases, err = db.ExpireNodeLeases(ctx, tx, id); err != nil {
+			return err
+		}
+		for _, l := range leases {
+			if _, err := Enqueue(ctx, ins, tx, CleanupLeaseArgs{LeaseID: l.ID, Generation: l.Generation}); err != nil {
+				return fmt.Errorf("enqueue cleanup of lease %s: %w", l.ID, err)
+			}
+			if err := db.InsertAudit(ctx, tx, db.AuditEvent{CompanyID: l.CompanyID, ActorType: db.ActorSystem,
+				ActorLabel: "node takeover", Action: "lease.expired", TargetType: "environment_lease", TargetID: l.ID,
+				Details: map[string]any{"run_id": l.RunID, "generation": l.Generation, "reason": reasonNodeDead,
+					"node": id, "taken_over_by": d.NodeID}}); err != nil {
+				return err
+			}
+		}
+		if services, err = db.StopNodeServices(ctx, tx, id); err != nil {
+			return err
+		}
+		if sessions, err = db.FailNodeSetupSessions(ctx, tx, id); err != nil {
+			return err
+		}
+		took = true
+		return db.InsertAudit(ctx, tx, db.AuditEvent{ActorType: db.ActorSystem, ActorLabel: "node takeover",
+			Action: "node.taken_over", TargetType: "node", TargetID: id,
+			Details: map[string]any{"taken_over_by": d.NodeID, "runs_orphaned": orphaned, "leases_expired": len(leases),
+				"services_stopped": services, "setup_sessions_failed": sessions}})
+	})
+	if err != nil {
+		return false, err
+	}
+	if took || orphaned > 0 {
+		s.log.Warn("dead node taken over", "runs_orphaned", orphaned, "leases_expired", len(leases),
+			"services_stopped", services, "setup_sessions_failed", sessions)
+	}
+	return took, nil
+}
