@@ -1,0 +1,263 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"berth/db"
+	"berth/environment"
+	"berth/environment/jail"
+	"berth/environment/jail/jailtest"
+	"berth/jobs"
+	"berth/workspace"
+)
+
+// partition stands between the executor's connection pool and PostgreSQL: its dial function makes
+// real connections to the test database until Cut, which closes every connection it made and
+// refuses new ones (as a dead postmaster or a network partition would look to Berth); Restore lets
+// new connections through again.
+type partition struct {
+	mu    sync.Mutex
+	cut   bool
+	conns map[net.Conn]struct{}
+	d     net.Dialer
+}
+
+func (p *partition) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cut {
+		return nil, errors.New("partition: the database is unreachable")
+	}
+	c, err := p.d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	if p.conns == nil {
+		p.conns = map[net.Conn]struct{}{}
+	}
+	p.conns[c] = struct{}{}
+	return c, nil
+}
+
+// Cut drops every connection and refuses new ones.
+func (p *partition) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	clear(p.conns)
+}
+
+// Restore accepts connections again.
+func (p *partition) Restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}
+
+// setupRunsBehind is setupRuns with the workers (River client and executors) on a pool of their
+// own that goes through a partition, while the API server and the test keep a direct pool: the
+// test cuts the executor's database and still watches what the database holds.
+func setupRunsBehind(t *testing.T, leaseTTL time.Duration) (*runEnv, *partition) {
+	t.Helper()
+	dataDir := jailtest.Dir(t)
+	host, err := jail.Detect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := &partition{}
+	e := setup(t, func(d *Deps) {
+		cfg, err := pgxpool.ParseConfig(d.Pool.Config().ConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.DialFunc = part.dial
+		cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mgr, err := workspace.NewManager(dataDir, workspace.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		artifacts, err := workspace.NewArtifacts(dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, err := jobs.NewClient(jobs.Deps{Pool: pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
+			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir, LeaseTTL: leaseTTL},
+			jobs.ClientOptions{Work: true, MaxWorkers: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := client.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			part.Restore()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = client.Stop(ctx)
+			pool.Close()
+		})
+		d.Jobs = client
+		d.Workspaces = mgr
+	})
+	re := &runEnv{testEnv: e, r: e.roles(), repo: jailtest.Dir(t), dataDir: dataDir}
+	git := func(args ...string) {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = re.repo
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	git("init", "-q", "--initial-branch=main")
+	if err := os.WriteFile(filepath.Join(re.repo, "README.md"), []byte("hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git("add", "-A")
+	git("-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-qm", "init")
+	ctx := context.Background()
+	doc, err := environment.Config{Driver: "local"}.Document()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := db.CreateEnvironment(ctx, e.pool, db.NewEnvironment{ID: "6f0d3a52-7a0f-4e47-9d43-000000000001", CompanyID: re.r.A.ID,
+		Name: "local", Driver: "local", Config: doc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := db.CreateProject(ctx, e.pool, re.r.A.ID, db.ProjectFields{Name: "P", Key: "PRJ", Policy: db.ExecutionPolicy{
+		DefaultMode: "isolated", EnvironmentID: env.ID, Strategy: "git_worktree", BranchTemplate: "berth/{task_key}"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	re.project = p.ID
+	re.workspaceWith("")
+	return re, part
+}
+
+// spooled reports whether the run's outcome waits in the node's spool.
+func (re *runEnv) spooled(id string) bool {
+	_, err := os.Stat(filepath.Join(re.dataDir, "spool", "runs", id+".json"))
+	return err == nil
+}
+
+// waitFor polls cond every 50 ms until it holds or within passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen within %s", what, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRunOutcomeSurvivesDatabaseOutage: a run's command sleeps, prints its last line and exits 3
+// while the executor's database is cut. The outcome waits in the spool (the run row still says
+// running) and the executor keeps retrying; once the database is back the run ends failed with
+// exit code 3, error_code command_failed and its last log line, not orphaned, finalize settles,
+// the lease is released and the spool file is gone.
+func TestRunOutcomeSurvivesDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	re, part := setupRunsBehind(t, 0)
+	task := re.task(`echo started; sleep 3; echo LAST-LINE-BEFORE-EXIT; exit 3`)
+	id := re.start(task.ID, nil)
+	re.waitRun(id, "running", func(r map[string]any) bool { return r["status"] == "running" })
+	part.Cut()
+	waitFor(t, 30*time.Second, "the outcome spooled during the outage", func() bool { return re.spooled(id) })
+	time.Sleep(2 * time.Second) // several failed final writes
+	var status string
+	if err := re.pool.QueryRow(context.Background(), `SELECT status FROM runs WHERE id = $1`, id).Scan(&status); err != nil || status != "running" {
+		t.Fatalf("during the outage the run row says %q (%v), want still running", status, err)
+	}
+	part.Restore()
+	run := re.waitRun(id, "the end", ended)
+	if run["status"] != "failed" || run["exit_code"] != float64(3) || run["error_code"] != "command_failed" {
+		t.Fatalf("run after the outage = %v, want failed, exit 3, command_failed", run)
+	}
+	if log := re.log(id); !strings.Contains(log, "started\n") || !strings.HasSuffix(log, "LAST-LINE-BEFORE-EXIT\n") {
+		t.Fatalf("log after the outage = %q", log)
+	}
+	if fin, lease := re.settled(run); fin != "settled" || lease != "released" {
+		t.Fatalf("finalize %q, lease %q; want settled and released", fin, lease)
+	}
+	if re.spooled(id) {
+		t.Fatal("the spool file outlived the write")
+	}
+	code, out := re.call(re.r.Viewer, http.MethodGet, "/api/runs/"+id, nil)
+	if code != http.StatusOK || out["error_code"] == "orphaned" {
+		t.Fatalf("run = %d %v", code, out)
+	}
+}
+
+// TestRunLeaseLostWhenHeartbeatsFail: with a 3 s lease TTL, the executor's database is cut while
+// the command sleeps. Having renewed nothing for a whole TTL, the executor kills the command's
+// processes while the database is still unreachable, and spools failed/lease_lost; once the
+// database is back the run says so, the lease was never renewed after the cut, and a write under
+// the old generation is refused.
+func TestRunLeaseLostWhenHeartbeatsFail(t *testing.T) {
+	t.Parallel()
+	re, part := setupRunsBehind(t, 3*time.Second)
+	task := re.task(`echo started; sleep 300`)
+	id := re.start(task.ID, nil)
+	run := re.waitRun(id, "running", func(r map[string]any) bool { return r["status"] == "running" })
+	waitFor(t, 30*time.Second, "the command's processes", func() bool {
+		pids, err := environment.FindTagged(id)
+		return err == nil && len(pids) > 0
+	})
+	ctx := context.Background()
+	part.Cut()
+	var leaseID string
+	var gen int64
+	var beat time.Time
+	if err := re.pool.QueryRow(ctx, `SELECT id, generation, heartbeat_at FROM environment_leases WHERE run_id = $1`, id).
+		Scan(&leaseID, &gen, &beat); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the command stopped without its database", func() bool {
+		pids, err := environment.FindTagged(id)
+		return err == nil && len(pids) == 0
+	})
+	waitFor(t, 10*time.Second, "the lease_lost outcome spooled", func() bool { return re.spooled(id) })
+	part.Restore()
+	run = re.waitRun(id, "the end", ended)
+	if run["status"] != "failed" || run["error_code"] != "lease_lost" {
+		t.Fatalf("run = %v, want failed/lease_lost", run)
+	}
+	if log := re.log(id); !strings.HasPrefix(log, "started\n") {
+		t.Fatalf("log = %q", log)
+	}
+	re.settled(run)
+	var after time.Time
+	if err := re.pool.QueryRow(ctx, `SELECT heartbeat_at FROM environment_leases WHERE id = $1`, leaseID).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if !after.Equal(beat) {
+		t.Fatalf("the lease was renewed after the cut: heartbeat %v, then %v", beat, after)
+	}
+	if _, err := db.HeartbeatLease(ctx, re.pool, leaseID, gen, time.Minute); !errors.Is(err, db.ErrFenced) {
+		t.Fatalf("a heartbeat under the lost generation = %v, want ErrFenced", err)
+	}
+}
