@@ -43,6 +43,9 @@ type FinalizeWorker struct {
 // Work finalizes the run; on its last attempt a failure marks the workspace's finalize failed.
 func (w *FinalizeWorker) Work(ctx context.Context, job *river.Job[FinalizeArgs]) error {
 	run, err := db.RunForJob(ctx, w.deps.Pool, job.Args.RunID)
+	if db.Unavailable(err) {
+		return river.JobSnooze(finalizeOutageWait) // an outage costs no attempt (spool_write.go)
+	}
 	if err != nil {
 		return err
 	}
@@ -50,6 +53,9 @@ func (w *FinalizeWorker) Work(ctx context.Context, job *river.Job[FinalizeArgs])
 		return river.JobSnooze(cancelPoll) // the executor is still writing its end
 	}
 	err = w.finalize(ctx, run)
+	if db.Unavailable(err) {
+		return river.JobSnooze(finalizeOutageWait)
+	}
 	if err != nil && job.Attempt >= finalizeAttempts && run.ExecutionWorkspaceID != "" {
 		_ = db.SetFinalizeState(context.WithoutCancel(ctx), w.deps.Pool, run.ExecutionWorkspaceID, "failed")
 	}

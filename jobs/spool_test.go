@@ -4,12 +4,21 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+
 	"berth/db"
+	"berth/db/dbtest"
 )
 
 // TestSpoolFiles: an outcome is saved atomically with private modes, read back whole, listed,
@@ -171,5 +180,62 @@ func TestSpoolReplayAfterRestart(t *testing.T) {
 	}
 	if r := w.runRow(spooled); r.ErrorCode != codeCommandFailed {
 		t.Fatalf("after a second sweep the run says %s", r.ErrorCode)
+	}
+}
+
+// TestFinalizeOutageCostsNoAttempt: a finalize attempt whose database cannot be reached (a real
+// pgx pool whose every connect is refused) snoozes, which River does not count as an attempt,
+// instead of failing towards its last attempt; so does its last attempt, which therefore never
+// marks the workspace's finalize failed.
+func TestFinalizeOutageCostsNoAttempt(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(dbtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.DialFunc = func(context.Context, string, string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
+	cfg.ConnConfig.ConnectTimeout = time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	w := &FinalizeWorker{runWorker: runWorker{deps: Deps{Pool: pool, Log: discardLog()}}}
+	for _, attempt := range []int{1, finalizeAttempts} {
+		job := &river.Job[FinalizeArgs]{JobRow: &rivertype.JobRow{Attempt: attempt, MaxAttempts: finalizeAttempts},
+			Args: FinalizeArgs{RunID: randomUUID()}}
+		var snooze *rivertype.JobSnoozeError
+		if err := w.Work(context.Background(), job); !errors.As(err, &snooze) {
+			t.Fatalf("attempt %d against an unreachable database = %v, want a snooze", attempt, err)
+		}
+	}
+}
+
+// TestSettledOutcome: the final write stops retrying on success, on a run that already ended or
+// is gone, and on the database refusing the data; it keeps retrying on anything else (a refused
+// connection, a broken one, a timeout).
+func TestSettledOutcome(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		err     error
+		settled bool
+	}{
+		{nil, true},
+		{fmt.Errorf("run x to failed: %w", db.ErrRunState), true},
+		{db.ErrNotFound, true},
+		{&pgconn.PgError{Code: "23505"}, true},
+		{&pgconn.PgError{Code: "22P02"}, true},
+		{&pgconn.PgError{Code: "57P01"}, false},
+		{&pgconn.PgError{Code: "08006"}, false},
+		{&pgconn.PgError{Code: "40001"}, false},
+		{context.DeadlineExceeded, false},
+		{errors.New("dial: connection refused"), false},
+	}
+	for _, tc := range cases {
+		if got := settledOutcome(tc.err); got != tc.settled {
+			t.Errorf("settledOutcome(%v) = %v, want %v", tc.err, got, tc.settled)
+		}
 	}
 }

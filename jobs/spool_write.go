@@ -135,6 +135,11 @@ func (w runWorker) recordOutcome(ctx context.Context, run db.Run, o runOutcome) 
 	}
 }
 
+// finalizeOutageWait is how long finalize waits before trying again after the database did not
+// answer; River's snooze does not count it as an attempt, so an outage of any length never
+// exhausts finalize's attempts (finalize.go).
+const finalizeOutageWait = 5 * time.Second
+
 // spoolReplayEvery is how often ReplaySpool looks again while outcomes are left to write.
 const spoolReplayEvery = 5 * time.Second
 
