@@ -19,6 +19,7 @@ import (
 
 	"berth/db"
 	"berth/db/dbtest"
+	"berth/environment/jail/jailtest"
 )
 
 // TestSpoolFiles: an outcome is saved atomically with private modes, read back whole, listed,
@@ -237,5 +238,30 @@ func TestSettledOutcome(t *testing.T) {
 		if got := settledOutcome(tc.err); got != tc.settled {
 			t.Errorf("settledOutcome(%v) = %v, want %v", tc.err, got, tc.settled)
 		}
+	}
+}
+
+// BenchmarkSpoolSave measures what spooling adds to every run's end: one atomic, fsynced save of
+// the outcome on the data dir's disk (outside /tmp), and its removal, for a 1 KiB log and for a
+// full 1 MiB kept log (ms/save).
+func BenchmarkSpoolSave(b *testing.B) {
+	for _, size := range []int{1 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("log=%dKiB", size>>10), func(b *testing.B) {
+			sp := spoolOf(jailtest.Dir(b))
+			exit := 1
+			o := runOutcome{RunID: randomUUID(), Status: db.RunFailed, ErrorCode: codeCommandFailed, ExitCode: &exit,
+				Log: bytes.Repeat([]byte("x"), size), LogHead: size, LogTotal: int64(size)}
+			b.ResetTimer()
+			start := time.Now()
+			for b.Loop() {
+				if err := sp.save(o); err != nil {
+					b.Fatal(err)
+				}
+				if err := sp.remove(o.RunID); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(time.Since(start).Microseconds())/1000/float64(b.N), "ms/save")
+		})
 	}
 }

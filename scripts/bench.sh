@@ -20,6 +20,7 @@ run ./environment/ 'BenchmarkJailStart' 300x
 run ./environment/ 'BenchmarkServiceStartToHealthy' 30x
 run ./handlers/ 'BenchmarkPreviewProxy$|BenchmarkPreviewWebSocket$' 1x
 run ./jobs/ 'BenchmarkRiverPickup' 500x
+run ./jobs/ 'BenchmarkSpoolSave' 50x
 run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
 # Copy realization vs cp -a, interleaved, on a 5,000-file / 100 MB tree (before the 1x smoke run,
 # so the summary's ratio is this one).
@@ -69,6 +70,8 @@ so=$(metric BenchmarkServiceStartToHealthy own-startup-p50-ms); sh=$(metric Benc
 [ -n "$sh" ] && echo "Go HTTP server as a service, start -> healthy p50: ${sh} ms vs its own startup ${so} ms (goal <= startup + 20 ms)"
 pickup=$(metric BenchmarkRiverPickup p50-ms)
 [ -n "$pickup" ] && echo "River pickup p50: ${pickup} ms"
+sp1=$(metric BenchmarkSpoolSave/log=1KiB ms/save); sp2=$(metric BenchmarkSpoolSave/log=1024KiB ms/save)
+[ -n "$sp1" ] && echo "run outcome spool save (fsynced) per run end: ${sp1} ms (1 KiB log), ${sp2} ms (1 MiB log)"
 tm() { metric "BenchmarkTerminal$1" "$2"; }
 tr=$(tm Throughput ratio-raw); tw=$(tm Throughput ratio-wetty)
 [ -n "$tr" ] && echo "terminal cat 64 MiB: Berth $(tm Throughput berth-MBps) MB/s, raw pty $(tm Throughput raw-MBps), WeTTY $(tm Throughput wetty-MBps): ${tr}x raw, ${tw:-n/a}x WeTTY (goal >= 0.9x raw, >= 1.0x WeTTY); jailed shell $(tm Throughput jailed-MBps) MB/s; Berth skipped $(tm Throughput lost-MiB) MiB per run"
