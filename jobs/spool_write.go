@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/rivertype"
 
 	"berth/db"
 )
@@ -24,7 +23,7 @@ import (
 const (
 	// outcomeRetryFirst and outcomeRetryMax bound the backoff between tries of a final write.
 	outcomeRetryFirst = 200 * time.Millisecond
-	outcomeRetryMax   = 5 * time.Second
+	outcomeRetryMax   = 2 * time.Second
 	// outcomeTryTimeout bounds one try, so a database that hangs (rather than refuses) is asked
 	// again instead of waited on forever.
 	outcomeTryTimeout = 15 * time.Second
@@ -32,15 +31,10 @@ const (
 	outcomeLogEvery = 30 * time.Second
 )
 
-// outcomeInserter enqueues finalize in the final transaction.
-type outcomeInserter interface {
-	InsertTx(ctx context.Context, tx pgx.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
-}
-
 // writeOutcome is a run's final transaction: the kept log, the running → terminal transition with
 // exit and error codes, finalize pending and enqueued. A run no longer running (the sweep or a
 // replay ended it) is db.ErrRunState and nothing changes.
-func writeOutcome(ctx context.Context, pool *pgxpool.Pool, ins outcomeInserter, o runOutcome) error {
+func writeOutcome(ctx context.Context, pool *pgxpool.Pool, ins Inserter, o runOutcome) error {
 	return db.InTx(ctx, pool, func(tx pgx.Tx) error {
 		code, msg := o.ErrorCode, o.ErrorMessage
 		u := db.RunUpdate{ErrorCode: &code, ErrorMessage: &msg, ExitCode: o.ExitCode, Finished: true}
@@ -56,7 +50,7 @@ func writeOutcome(ctx context.Context, pool *pgxpool.Pool, ins outcomeInserter, 
 				return err
 			}
 		}
-		if _, err := ins.InsertTx(ctx, tx, FinalizeArgs{RunID: r.ID}, nil); err != nil {
+		if _, err := Enqueue(ctx, ins, tx, FinalizeArgs{RunID: r.ID}); err != nil {
 			return fmt.Errorf("enqueue finalize: %w", err)
 		}
 		return nil
@@ -155,7 +149,7 @@ func ReplaySpool(ctx context.Context, d Deps) error {
 	}
 	sp := spoolOf(d.DataDir)
 	sp.sweepTemps()
-	var ins outcomeInserter
+	var ins Inserter
 	for {
 		left, err := replayPass(ctx, d, sp, &ins)
 		if err == nil && left == 0 {
@@ -170,7 +164,7 @@ func ReplaySpool(ctx context.Context, d Deps) error {
 }
 
 // replayPass tries every spooled outcome once and returns how many are left.
-func replayPass(ctx context.Context, d Deps, sp spool, ins *outcomeInserter) (int, error) {
+func replayPass(ctx context.Context, d Deps, sp spool, ins *Inserter) (int, error) {
 	ids, err := sp.list()
 	if err != nil {
 		return 0, err
