@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"berth/db"
@@ -17,6 +18,8 @@ type httpError struct {
 	Message string
 	Fields  map[string]string // per-field validation messages
 	Extra   map[string]any    // additional members of the JSON error object (e.g. "current")
+	// RetryAfter, when positive, is sent as the Retry-After header (seconds).
+	RetryAfter int
 }
 
 func (e *httpError) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }
@@ -44,7 +47,8 @@ func (s *Server) handle(fn func(http.ResponseWriter, *http.Request) error) http.
 }
 
 // classify maps any error to what the caller may see. Not-found and not-yours are the same 404;
-// anything unexpected is a 500 with no detail (and is logged).
+// anything unexpected is a 500 with no detail (and is logged). renderError first lets
+// databaseError (dbavail.go) turn an outage or an exhausted pool into its 503.
 func classify(err error) (*httpError, bool) {
 	var he *httpError
 	switch {
@@ -67,10 +71,13 @@ func wantsJSON(r *http.Request) bool {
 
 // renderError writes err as a JSON error object, an htmx fragment or a full HTML page.
 func (s *Server) renderError(w http.ResponseWriter, r *http.Request, err error) {
-	he, unexpected := classify(err)
+	he, unexpected := classify(s.databaseError(r, err))
 	if unexpected {
 		s.log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path,
 			"request_id", requestID(r.Context()), "err", err)
+	}
+	if he.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(he.RetryAfter))
 	}
 	if he.Status == http.StatusUnauthorized && !wantsJSON(r) {
 		redirectToLogin(w, r)

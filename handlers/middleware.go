@@ -23,6 +23,7 @@ func (s *Server) middleware(h http.Handler) http.Handler {
 	routes := h
 	h = s.metricsAuth(s.identify(h)) // metrics.go: the metrics token never reaches identify
 	h = s.sessions.LoadAndSave(h)
+	h = s.databaseAware(h) // dbavail.go: pool-timeout tracking; /api/health on its own connection
 	h = s.crossOrigin(h)
 	h = s.hostCheck(h)
 	h = s.securityHeaders(h)
