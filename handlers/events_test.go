@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"berth/db"
 )
 
@@ -25,9 +27,17 @@ type liveEnv struct {
 func setupLive(t testing.TB, opts ...func(*Deps)) *liveEnv {
 	t.Helper()
 	events := NewEvents(0)
-	e := setup(t, append([]func(*Deps){func(d *Deps) { d.Events = events }}, opts...)...)
+	e := setup(t, append(opts, func(d *Deps) { d.Events = events })...)
+	listenEvents(t, e.pool, events)
+	return &liveEnv{testEnv: e, r: e.roles(), events: events}
+}
+
+// listenEvents feeds events from a real LISTEN on the pool's database, and returns once the
+// LISTEN took effect.
+func listenEvents(t testing.TB, pool *pgxpool.Pool, events *Events) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &db.EventListener{Config: e.pool.Config().ConnConfig, OnEvent: events.Publish, OnListen: events.Listening,
+	l := &db.EventListener{Config: pool.Config().ConnConfig, OnEvent: events.Publish, OnListen: events.Listening,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBackoff: 200 * time.Millisecond}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = l.Run(ctx) }()
@@ -39,7 +49,6 @@ func setupLive(t testing.TB, opts ...func(*Deps)) *liveEnv {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return &liveEnv{testEnv: e, r: e.roles(), events: events}
 }
 
 // sseEvent is one received Server-Sent Event.

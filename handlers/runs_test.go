@@ -31,14 +31,14 @@ type runEnv struct {
 	dataDir string
 }
 
-func setupRuns(t testing.TB) *runEnv {
+func setupRuns(t testing.TB, opts ...func(*Deps)) *runEnv {
 	t.Helper()
 	dataDir := jailtest.Dir(t) // commands run in the jail, which hides /tmp and must reach these
 	host, err := jail.Detect(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := setup(t, func(d *Deps) {
+	e := setup(t, append([]func(*Deps){func(d *Deps) {
 		mgr, err := workspace.NewManager(dataDir, workspace.Options{})
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +67,7 @@ func setupRuns(t testing.TB) *runEnv {
 		})
 		d.Jobs = client
 		d.Workspaces = mgr
-	})
+	}}, opts...)...) // then the caller's options
 	re := &runEnv{testEnv: e, r: e.roles(), repo: jailtest.Dir(t), dataDir: dataDir}
 	git := func(args ...string) {
 		cmd := exec.Command("git", args...)

@@ -1,0 +1,209 @@
+package handlers
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+)
+
+// requestLog records what the page asks for (CDP Network events) and the SSE messages it gets.
+type requestLog struct {
+	mu       sync.Mutex
+	requests []string // URL paths with query, in order
+	messages int      // SSE messages the page received
+}
+
+func (l *requestLog) listen(ev any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch e := ev.(type) {
+	case *network.EventRequestWillBeSent:
+		u := e.Request.URL
+		if i := strings.Index(u, "//"); i >= 0 {
+			if j := strings.Index(u[i+2:], "/"); j >= 0 {
+				u = u[i+2+j:]
+			}
+		}
+		l.requests = append(l.requests, u)
+	case *network.EventEventSourceMessageReceived:
+		l.messages++
+	}
+}
+
+// since returns the requests made after the first n, and how many there are now.
+func (l *requestLog) since(n int) ([]string, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.requests[n:]...), len(l.requests)
+}
+
+func (l *requestLog) received() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.messages
+}
+
+// TestLivePagesBrowser: in headless Chromium, a task page that is open when a run is started
+// through the API shows the run without a reload; the run page shows its status and log
+// advance; every request either page makes after loading is a fragment re-fetch answering an
+// SSE event (never more re-fetches than events), and an idle page makes none at all.
+func TestLivePagesBrowser(t *testing.T) {
+	t.Parallel()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("BERTH_REQUIRE_BROWSER") == "1" {
+			t.Fatal("chromium is not installed")
+		}
+		t.Skip("chromium is not installed")
+	}
+	events := NewEvents(0)
+	re := setupRuns(t, func(d *Deps) { d.Events = events })
+	listenEvents(t, re.pool, events)
+	re.workspaceWith("")
+	task := re.task(`echo line-one; sleep 2; echo line-two; sleep 2; echo line-three`)
+
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck, chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900),
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.Flag("disable-dev-shm-usage", true),
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelCtx := chromedp.NewContext(allocCtx)
+	defer cancelCtx()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	log := &requestLog{}
+	if err := chromedp.Listen(ctx, log.listen); err != nil {
+		t.Fatal(err)
+	}
+
+	// subscribed waits until the page's stream is connected (one subscriber on the hub).
+	subscribed := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for events.Subscribers() != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d streams connected, want 1", what, events.Subscribers())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// idle waits until nothing has changed for a second, then checks that the page asks for
+	// nothing for 3 s while nothing changes.
+	idle := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for last := events.published.Load(); ; {
+			time.Sleep(time.Second)
+			now := events.published.Load()
+			if now == last {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: changes did not stop", what)
+			}
+			last = now
+		}
+		_, n := log.since(0)
+		before := events.published.Load()
+		time.Sleep(3 * time.Second)
+		reqs, _ := log.since(n)
+		if events.published.Load() != before {
+			t.Fatalf("%s: something changed during the idle check", what)
+		}
+		if len(reqs) != 0 {
+			t.Fatalf("%s: an idle page made %d requests: %v", what, len(reqs), reqs)
+		}
+	}
+	// fragmentsOnly checks that every request since n re-fetched the given fragment, and that
+	// there were no more of them than SSE messages received.
+	fragmentsOnly := func(what string, n, messagesBefore int, fragment string) {
+		t.Helper()
+		reqs, _ := log.since(n)
+		for _, r := range reqs {
+			if r != fragment {
+				t.Fatalf("%s: the page requested %s (want only %s)", what, r, fragment)
+			}
+		}
+		if got := log.received() - messagesBefore; len(reqs) > got {
+			t.Fatalf("%s: %d re-fetches for %d events", what, len(reqs), got)
+		}
+	}
+	waitText := func(sel, want, what string) string {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			text, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+			if err == nil && strings.Contains(strings.ToLower(text), want) {
+				return text
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s shows %q (err %v), want %q", what, sel, text, err, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	err = chromedp.Do(ctx,
+		chromedp.Navigate(re.ts.URL+"/login"),
+		chromedp.WaitVisible(chromedp.CSS(`input[name=email]`)),
+		chromedp.SendKeys(chromedp.CSS(`input[name=email]`), re.r.Board.User.Email),
+		chromedp.SendKeys(chromedp.CSS(`input[name=password]`), "correct horse battery"),
+		chromedp.Click(chromedp.CSS(`form.form button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`body.app`)),
+		chromedp.Navigate(re.ts.URL+"/tasks/"+task.ID),
+		chromedp.WaitVisible(chromedp.CSS(`#runs`)),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subscribed("task page")
+	idle("task page before the run")
+
+	// A run started elsewhere (the API) appears on the open task page.
+	_, n := log.since(0)
+	m := log.received()
+	runID := re.start(task.ID, nil)
+	if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#runs a[href="/runs/`+runID+`"]`))); err != nil {
+		t.Fatal(err)
+	}
+	re.waitRun(runID, "ended", ended)
+	waitText(`#runs`, "succeeded", "task page after the run")
+	// The task page re-fetched its runs panel and its plan (the binding changed), nothing else.
+	reqs, _ := log.since(n)
+	for _, r := range reqs {
+		if r != "/tasks/"+task.ID+"?fragment=runs" && r != "/tasks/"+task.ID+"/plan" {
+			t.Fatalf("task page requested %s while the run went", r)
+		}
+	}
+	if got := log.received() - m; len(reqs) > got || len(reqs) == 0 {
+		t.Fatalf("task page: %d re-fetches for %d events", len(reqs), got)
+	}
+	re.settled(re.waitRun(runID, "ended", ended))
+	idle("task page after the run")
+
+	// The run page of a new run: status and log advance as the run goes, by events alone.
+	run2 := re.start(task.ID, nil)
+	if err := chromedp.Do(ctx, chromedp.Navigate(re.ts.URL+"/runs/"+run2), chromedp.WaitVisible(chromedp.CSS(`#run-body`))); err != nil {
+		t.Fatal(err)
+	}
+	_, n = log.since(0)
+	m = log.received()
+	subscribed("run page")
+	waitText(`#run-body`, "line-one", "run page, first line")
+	waitText(`#run-body`, "running", "run page while running")
+	waitText(`#run-body`, "line-three", "run page, last line")
+	waitText(`#run-body`, "succeeded", "run page when done")
+	fragmentsOnly("run page", n, m, "/runs/"+run2+"?fragment=run")
+	re.settled(re.waitRun(run2, "ended", ended))
+	idle("run page after the run")
+}
