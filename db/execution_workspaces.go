@@ -255,12 +255,12 @@ func ExecutionWorkspaceByRef(ctx context.Context, q Querier, companyID, ref stri
 		FROM execution_workspaces WHERE company_id = $1 AND ref = $2`, companyID, ref))
 }
 
-// TaskOpenWorkspace finds the newest ready workspace a task made with the given mode and strategy:
-// a task's later runs continue in it rather than realizing another one.
+// TaskOpenWorkspace finds the newest ready, unsealed workspace a task made with the given mode and
+// strategy: a task's later runs continue in it rather than realizing another one.
 func TaskOpenWorkspace(ctx context.Context, q Querier, companyID, taskID, mode, strategy string) (ExecutionWorkspace, error) {
 	return scanExecutionWorkspace(q.QueryRow(ctx, `SELECT `+executionWorkspaceColumns+`
 		FROM execution_workspaces WHERE company_id = $1 AND source_task_id = $2 AND mode = $3 AND strategy = $4
-		  AND status = 'ready' ORDER BY created_at DESC, id DESC LIMIT 1`, companyID, taskID, mode, strategy))
+		  AND status = 'ready' AND sealed_at IS NULL ORDER BY created_at DESC, id DESC LIMIT 1`, companyID, taskID, mode, strategy))
 }
 
 // UnrecordedRefs returns, sorted, the refs among refs that no execution workspace row names: a

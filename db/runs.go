@@ -100,7 +100,7 @@ func CreateRun(ctx context.Context, q Querier, n NewRun) (Run, error) {
 	r, err := scanRun(q.QueryRow(ctx, `INSERT INTO runs (company_id, task_id, environment_id, created_by, agent_id,
 			command, plan, timeout_s)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-		ON CONFLICT (task_id) WHERE status IN ('queued', 'preparing', 'running') DO NOTHING
+		ON CONFLICT (task_id) WHERE status IN ('queued', 'preparing', 'running') AND attempt_group_id IS NULL DO NOTHING
 		RETURNING `+runColumns,
 		n.CompanyID, n.TaskID, nullable(n.EnvironmentID), nullable(n.CreatedBy), nullable(n.AgentID), n.Command, plan, n.TimeoutS))
 	if errors.Is(err, ErrNotFound) {

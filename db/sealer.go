@@ -18,6 +18,8 @@ import (
 // does not open.
 type Sealer struct {
 	aead cipher.AEAD
+	// receiptKey signs run receipts (ReceiptKey in receipts.go): derived from the same key.
+	receiptKey []byte
 }
 
 // sealVersion prefixes every ciphertext so the format can change later.
@@ -36,7 +38,7 @@ func NewSealer(key []byte) (*Sealer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("secret key: %w", err)
 	}
-	return &Sealer{aead: aead}, nil
+	return &Sealer{aead: aead, receiptKey: DeriveReceiptKey(key)}, nil
 }
 
 // Seal encrypts plaintext bound to aad (e.g. "environment:<id>").

@@ -205,7 +205,7 @@ func (s *Server) checkBindingTarget(ctx context.Context, q db.Querier, a access,
 	if msg := bindingTargetProblem(t, w); msg != "" {
 		return invalid(map[string]string{"execution_workspace_id": msg})
 	}
-	return nil
+	return refuseSealed(ctx, q, a, wsID) // a sealed attempt takes no binding (attempts.go)
 }
 
 // getBindingAPI returns a task's workspace binding.

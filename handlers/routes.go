@@ -152,6 +152,18 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /runs/{id}/log", s.page(s.runLogDownload))
 	mux.Handle("POST /runs/{id}/cancel", s.page(s.cancelRunForm))
 
+	// Receipts and attempts (DESIGN §13; receipts.go, attempts*.go).
+	mux.Handle("GET /api/runs/{id}/receipt", s.api(s.runReceiptAPI))
+	mux.Handle("GET /runs/{id}/receipt", s.page(s.runReceiptDownload))
+	mux.Handle("POST /api/tasks/{id}/attempts", s.api(s.createAttemptsAPI))
+	mux.Handle("GET /api/tasks/{id}/attempts", s.api(s.taskAttemptsAPI))
+	mux.Handle("POST /api/tasks/{id}/attempts/select", s.api(s.selectAttemptsAPI))
+	mux.Handle("POST /api/tasks/{id}/attempts/discard", s.api(s.discardAttemptsAPI))
+	mux.Handle("GET /tasks/{id}/attempts", s.page(s.attemptsPage))
+	mux.Handle("POST /tasks/{id}/attempts", s.page(s.createAttemptsForm))
+	mux.Handle("POST /tasks/{id}/attempts/select", s.page(s.selectAttemptForm))
+	mux.Handle("POST /tasks/{id}/attempts/discard", s.page(s.discardAttemptsForm))
+
 	// Execution workspaces: list, detail, ledger, close-readiness, close and reopen (changes:
 	// board members), and a task's work products (execution_workspaces.go).
 	mux.Handle("GET /api/companies/{cid}/execution-workspaces", s.api(s.listWorkspacesAPI))

@@ -153,6 +153,9 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 			return err
 		}
 		plan := workspace.ResolvePlan(planInput(snap))
+		if err := refuseSealed(ctx, tx, a, plan.ReuseWorkspaceID); err != nil { // attempts.go
+			return err
+		}
 		planJSON, err := json.Marshal(plan)
 		if err != nil {
 			return err
@@ -388,6 +391,9 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request, p *principal) e
 	for _, o := range ops {
 		v.Operations = append(v.Operations, views.OperationRow{Phase: o.Phase, Command: o.Command, Status: o.Status,
 			ExitCode: o.ExitCode, Error: o.Error, Log: string(o.Log), StartedAt: o.StartedAt, FinishedAt: o.FinishedAt})
+	}
+	if v.Receipt, err = s.receiptView(ctx, a.Company.ID, id); err != nil { // receipts.go
+		return err
 	}
 	if isHTMX(r) && r.URL.Query().Get("fragment") == "run" {
 		return s.render(w, r, views.RunBody(v))

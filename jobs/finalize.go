@@ -89,6 +89,10 @@ func (w *FinalizeWorker) finalize(ctx context.Context, run db.Run) error {
 			return err
 		}
 	}
+	// The run's signed receipt; an attempt's workspace is sealed with it (receipts.go).
+	if err := w.recordReceipt(ctx, run); err != nil {
+		return err
+	}
 	if run.ExecutionWorkspaceID != "" {
 		return db.SetFinalizeState(ctx, w.deps.Pool, run.ExecutionWorkspaceID, "settled")
 	}

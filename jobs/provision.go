@@ -112,10 +112,18 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 	if run.ExecutionWorkspaceID != "" { // a retry: the first attempt recorded it
 		return db.ExecutionWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, run.ExecutionWorkspaceID)
 	}
-	if plan.ReuseWorkspaceID != "" {
+	// An attempt forks a worktree of its own from its group's base commit (attempts.go).
+	attempt, err := attemptBase(ctx, w.deps.Pool, run)
+	if err != nil {
+		return db.ExecutionWorkspace{}, err
+	}
+	if attempt != "" {
+		pw.DefaultRef = attempt
+	}
+	if plan.ReuseWorkspaceID != "" && attempt == "" {
 		return db.ExecutionWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, plan.ReuseWorkspaceID)
 	}
-	if plan.Strategy != "" {
+	if plan.Strategy != "" && attempt == "" {
 		// The task's earlier runs left a workspace of the same kind open: continue there.
 		ws, err := db.TaskOpenWorkspace(ctx, w.deps.Pool, run.CompanyID, task.ID, plan.Mode, plan.Strategy)
 		if err == nil {
@@ -126,7 +134,7 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 		}
 	}
 	var res workspace.Result
-	err := w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, RunID: run.ID, TaskID: run.TaskID,
+	err = w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, RunID: run.ID, TaskID: run.TaskID,
 		Phase: "realize", Command: "realize " + plan.Strategy}, func(log *environment.LogBuffer) (*int, error) {
 		var err error
 		switch plan.Strategy {

@@ -36,6 +36,7 @@ commands:
   migrate     apply database migrations and exit
   user add    create a user: --email E [--admin] [--company SLUG --role board|viewer] [--update]; password on stdin
   token add   print a new API token for a user: --email E [--name N]
+  receipt verify FILE   check a run receipt's signature, then its digests against what still exists
   version     print the version
 
 configuration (environment): BERTH_ADDR, BERTH_DATA_DIR, BERTH_BASE_URL, DATABASE_URL,
@@ -70,6 +71,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			return userAdd(ctx, rest[1:], getenv, stdin, stdout, stderr)
 		}
 		return tokenAdd(ctx, rest[1:], getenv, stdout, stderr)
+	case "receipt":
+		return receiptCmd(ctx, rest, getenv, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "berth", version)
 		return nil
