@@ -55,7 +55,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if !web {
 		c.Workers = true
 	}
-	log := c.newLogger(stderr, c.LogLevel)
+	// A warning or error repeats at most once per window (a database outage floods them).
+	log := rateLimitLogs(c.newLogger(stderr, c.LogLevel), logRepeatWindow)
 	started := time.Now()
 
 	d, err := openDatabase(ctx, c, log, true)
