@@ -100,14 +100,18 @@ func (m *Manager) WorktreeDigest(ctx context.Context, root string) (string, erro
 	defer r.Close()
 	ents := make([]ManifestEntry, len(files))
 	err = parallelEach(ctx, len(files), func(i int, buf []byte) error {
+		lfi, err := r.Lstat(files[i])
+		if err != nil || !lfi.Mode().IsRegular() {
+			return nil // deleted but still in the index, a symlink, a submodule: not an ordinary file
+		}
 		f, err := r.OpenFile(files[i], os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 		if err != nil {
-			return nil // deleted but still in the index, or a symlink: not an ordinary file
+			return nil
 		}
 		defer f.Close()
 		fi, err := f.Stat()
-		if err != nil || !fi.Mode().IsRegular() {
-			return nil
+		if err != nil || !os.SameFile(fi, lfi) {
+			return nil // replaced while being read
 		}
 		sum, n, err := hashReader(f, buf)
 		if err != nil {

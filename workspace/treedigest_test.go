@@ -1,0 +1,74 @@
+package workspace
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestTreeDigestsAgree: the tree digest of a directory equals Pack's; a worktree's digest of what
+// git would commit equals the digest of the commit's tree once it is committed; a capsule's tar
+// gives back its digest; and one changed byte, a new file or an exec bit changes each of them.
+func TestTreeDigestsAgree(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	m := newTestManager(t)
+	repo := newRepo(t, map[string]string{"README.md": "hello\n", "src/a.go": "package a\n", "src/deep/b.txt": "b\n"})
+	if err := os.WriteFile(filepath.Join(repo, ".gitignore"), []byte("ignored/\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writeFiles(t, repo, map[string]string{"ignored/big.bin": "not committed\n"})
+	if err := os.Symlink("README.md", filepath.Join(repo, "link")); err != nil {
+		t.Fatal(err)
+	}
+	gitT(t, repo, "add", "-A")
+	gitT(t, repo, "commit", "-qm", "files")
+
+	var buf bytes.Buffer
+	c, err := Pack(ctx, repo, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsd, err := TreeDigest(ctx, repo)
+	if err != nil || fsd != c.TreeDigest {
+		t.Fatalf("TreeDigest = %s, %v; Pack = %s", fsd, err, c.TreeDigest)
+	}
+	if cd, err := CapsuleTreeDigest(ctx, bytes.NewReader(buf.Bytes())); err != nil || cd != c.TreeDigest {
+		t.Fatalf("CapsuleTreeDigest = %s, %v; want %s", cd, err, c.TreeDigest)
+	}
+	wt, err := m.WorktreeDigest(ctx, repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gd, err := m.GitTreeDigest(ctx, repo, "HEAD")
+	if err != nil || gd != wt {
+		t.Fatalf("GitTreeDigest(HEAD) = %s, %v; WorktreeDigest = %s", gd, err, wt)
+	}
+	if gd2, err := m.GitTreeDigest(ctx, filepath.Join(repo, ".git"), "HEAD"); err != nil || gd2 != gd {
+		t.Fatalf("GitTreeDigest via the git dir = %s, %v", gd2, err)
+	}
+	if wt == fsd {
+		t.Fatal("the worktree digest counted the ignored file (it equals the whole directory's)")
+	}
+
+	// Each change moves the digests.
+	writeFiles(t, repo, map[string]string{"src/a.go": "package b\n"})
+	wt2, _ := m.WorktreeDigest(ctx, repo)
+	fsd2, _ := TreeDigest(ctx, repo)
+	if wt2 == wt || fsd2 == fsd {
+		t.Fatal("a changed byte left a digest unchanged")
+	}
+	if err := os.Chmod(filepath.Join(repo, "src/deep/b.txt"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if wt3, _ := m.WorktreeDigest(ctx, repo); wt3 == wt2 {
+		t.Fatal("an exec bit left the worktree digest unchanged")
+	}
+	gitT(t, repo, "add", "-A")
+	gitT(t, repo, "commit", "-qm", "change")
+	wt4, _ := m.WorktreeDigest(ctx, repo)
+	if gd3, _ := m.GitTreeDigest(ctx, repo, "HEAD"); gd3 != wt4 || gd3 == gd {
+		t.Fatalf("after commit: git %s, worktree %s, before %s", gd3, wt4, gd)
+	}
+}
