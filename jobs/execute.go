@@ -102,7 +102,8 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
-	go w.watch(runCtx, stop, run, lease)
+	watching := make(chan struct{})
+	go func() { defer close(watching); w.watch(runCtx, stop, run, lease) }()
 
 	log := environment.NewLogBuffer(environment.LogOptions{FlushInterval: logFlush, OnWrite: func(s environment.LogSnapshot) {
 		if s.Final {
@@ -128,9 +129,13 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 		res, execErr = drv.Exec(runCtx, req)
 	}
 	_ = log.Close()
+	// The watch ends with the command: no lease write follows it, whatever the final write waits for.
+	cause := context.Cause(runCtx)
+	stop(errCommandEnded)
+	<-watching
 
 	status, code, msg := db.RunSucceeded, "", ""
-	switch cause := context.Cause(runCtx); {
+	switch {
 	case execErr != nil && res.Started.IsZero():
 		status, code, msg = db.RunFailed, codeExecutorFailure, "The command could not start: "+execErr.Error()
 	case errors.Is(execErr, environment.ErrNotGone):
@@ -191,6 +196,9 @@ func (w *ExecuteRunWorker) realizeRemote(ctx context.Context, run db.Run, ws db.
 
 // errLeaseLost ends a command whose lease was fenced or expired, or not renewed for a whole TTL.
 var errLeaseLost = errors.New("lease lost")
+
+// errCommandEnded ends the watch of a command that has ended.
+var errCommandEnded = errors.New("command ended")
 
 // cancelPoll is how often a running command checks for a cancel request.
 const cancelPoll = 250 * time.Millisecond
