@@ -151,6 +151,9 @@ func (s *Server) attemptsPageData(ctx context.Context, a access, task db.Task, g
 		} else if !errors.Is(err, db.ErrNotFound) {
 			return d, err
 		}
+		if row.Selected {
+			d.WinnerN = it.N
+		}
 		d.Items = append(d.Items, row)
 	}
 	return d, nil

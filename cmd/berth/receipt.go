@@ -31,16 +31,21 @@ func receiptCmd(ctx context.Context, args []string, getenv func(string) string, 
 	fs := flagSet("receipt verify", stderr)
 	c := baseConfig(fs, getenv)
 	offline := fs.Bool("offline", false, "check the signature and what is on disk only; do not open the database")
-	if err := parseFlags(fs, args[1:], stderr); err != nil {
-		return err
+	rest := args[1:]
+	if len(rest) == 0 || strings.HasPrefix(rest[len(rest)-1], "-") {
+		if err := parseFlags(fs, rest, stderr); err != nil {
+			return err
+		}
+		return errors.New("receipt verify: give one receipt file, after the flags (as GET /api/runs/{id}/receipt serves it)")
 	}
-	if fs.NArg() != 1 {
-		return errors.New("receipt verify: give one receipt file (as GET /api/runs/{id}/receipt serves it)")
+	path := rest[len(rest)-1]
+	if err := parseFlags(fs, rest[:len(rest)-1], stderr); err != nil {
+		return err
 	}
 	if err := c.finish(getenv, ""); err != nil {
 		return err
 	}
-	doc, err := readReceiptFile(fs.Arg(0))
+	doc, err := readReceiptFile(path)
 	if err != nil {
 		return err
 	}
@@ -83,7 +88,7 @@ func receiptCmd(ctx context.Context, args []string, getenv func(string) string, 
 	return nil
 }
 
-// readReceiptFile reads a receipt file ("-" is standard input is not offered: a file is evidence).
+// readReceiptFile reads a receipt file of at most 1 MiB.
 func readReceiptFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
