@@ -41,25 +41,34 @@ func (w *ExecuteRunWorker) Timeout(*river.Job[ExecuteRunArgs]) time.Duration { r
 func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunArgs]) error {
 	run, err := db.RunForJob(ctx, w.deps.Pool, job.Args.RunID)
 	if err != nil {
-		return err
+		return startLater(err)
 	}
 	if run.Status != db.RunPreparing {
 		return nil
 	}
 	if run.CancelRequested {
-		return w.failRun(ctx, run, db.RunCancelled, "cancelled", "The run was cancelled before its command started.")
+		return startLater(w.failRun(ctx, run, db.RunCancelled, "cancelled", "The run was cancelled before its command started."))
 	}
 	ws, err := db.ExecutionWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, run.ExecutionWorkspaceID)
+	if db.Unavailable(err) {
+		return startLater(err)
+	}
 	if err != nil {
-		return w.failRun(ctx, run, db.RunFailed, codeExecutorFailure, "The run's workspace is gone.")
+		return startLater(w.failRun(ctx, run, db.RunFailed, codeExecutorFailure, "The run's workspace is gone."))
 	}
 	lease, err := db.LeaseByID(ctx, w.deps.Pool, run.CompanyID, run.LeaseID)
+	if db.Unavailable(err) {
+		return startLater(err)
+	}
 	if err != nil {
-		return w.failRun(ctx, run, db.RunFailed, codeLeaseLost, "The run's lease is gone.")
+		return startLater(w.failRun(ctx, run, db.RunFailed, codeLeaseLost, "The run's lease is gone."))
 	}
 	drv, err := w.driverFor(ctx, run)
+	if db.Unavailable(err) {
+		return startLater(err)
+	}
 	if err != nil {
-		return w.failRun(ctx, run, db.RunFailed, codeEnvironment, err.Error())
+		return startLater(w.failRun(ctx, run, db.RunFailed, codeEnvironment, err.Error()))
 	}
 	if c, ok := drv.(io.Closer); ok {
 		defer c.Close()
@@ -95,6 +104,9 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 		run, err = db.TransitionRun(ctx, tx, run.ID, []string{db.RunPreparing}, db.RunRunning, db.RunUpdate{Started: true, NodeID: &w.deps.NodeID})
 		return err
 	})
+	if err != nil && !environment.Remote(drv) {
+		return startLater(err) // nothing ran yet on this host
+	}
 	if err != nil {
 		return err
 	}
@@ -159,6 +171,16 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	runLog(w.deps.Log, run).InfoContext(ctx, "run command ended", "status", status, "exit_code", res.ExitCode, "error_code", code)
 	// The outcome is spooled and written whatever the database's state (spool_write.go).
 	return w.recordOutcome(ctx, run, out)
+}
+
+// startLater turns a database outage met before the command started into a later try: River
+// counts no attempt for a snooze, so execute_run's single attempt stays the command's, and nothing
+// has run yet that a second try would repeat.
+func startLater(err error) error {
+	if db.Unavailable(err) {
+		return river.JobSnooze(finalizeOutageWait)
+	}
+	return err
 }
 
 // runLogOf is what the run row keeps of a log snapshot: head, marker and tail past the cap.

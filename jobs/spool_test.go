@@ -212,6 +212,14 @@ func TestFinalizeOutageCostsNoAttempt(t *testing.T) {
 			t.Fatalf("attempt %d against an unreachable database = %v, want a snooze", attempt, err)
 		}
 	}
+	// execute_run has one attempt, the command's: an outage before the command starts snoozes
+	// it too instead of spending that attempt (and leaving the run to the orphan sweep).
+	ew := &ExecuteRunWorker{runWorker: runWorker{deps: Deps{Pool: pool, Log: discardLog()}}}
+	ejob := &river.Job[ExecuteRunArgs]{JobRow: &rivertype.JobRow{Attempt: 1, MaxAttempts: 1}, Args: ExecuteRunArgs{RunID: randomUUID()}}
+	var snooze *rivertype.JobSnoozeError
+	if err := ew.Work(context.Background(), ejob); !errors.As(err, &snooze) {
+		t.Fatalf("execute_run against an unreachable database = %v, want a snooze", err)
+	}
 }
 
 // TestSettledOutcome: the final write stops retrying on success, on a run that already ended or
