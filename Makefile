@@ -7,13 +7,15 @@ LDFLAGS := -X main.version=$(VERSION)
 DATA_DIR ?= $(CURDIR)/.berth
 GO_TEST_FLAGS ?=
 
-.PHONY: help run build test deps assets generate verify lint bench clean
+.PHONY: help run build test deps assets generate verify lint bench soak clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-run: build ## Start Berth on the embedded PostgreSQL in ./.berth (prints the URL and the login)
-	BERTH_DATA_DIR=$${BERTH_DATA_DIR:-$(DATA_DIR)} ./bin/berth serve --demo
+run: build ## Start Berth on the embedded PostgreSQL in ./.berth (prints the URL and the login); your home and the demo directory may hold local sources
+	export BERTH_DATA_DIR=$${BERTH_DATA_DIR:-$(DATA_DIR)}; \
+	export BERTH_SOURCE_ROOTS=$${BERTH_SOURCE_ROOTS:-$$HOME:$$BERTH_DATA_DIR/demo}; \
+	./bin/berth serve --demo
 
 build: assets ## Build bin/berth
 	go build -trimpath -ldflags '$(LDFLAGS)' -o bin/berth ./cmd/berth
@@ -42,6 +44,9 @@ lint: verify ## verify plus staticcheck
 
 bench: deps assets ## Run the benchmarks and print one table with the ratios the issues ask for
 	./scripts/bench.sh
+
+soak: build ## Soak SOAK_MINUTES (default 10) of runs while SIGKILLing worker and PostgreSQL; prints lost runs etc. (not part of test)
+	./scripts/soak.sh
 
 clean: ## Remove build output (not the data dir)
 	rm -rf bin
