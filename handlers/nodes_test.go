@@ -1,0 +1,261 @@
+package handlers
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"berth/db"
+	"berth/static"
+)
+
+// nodeTestKey is the node-to-node key of the test nodes.
+var nodeTestKey = NodeKey(bytes.Repeat([]byte{7}, 32))
+
+// otherNode starts a second web server on the same database as node id, serving only its
+// internal listener, and registers the node with that listener's URL.
+func (e *testEnv) otherNode(id string, base *url.URL) *httptest.Server {
+	e.t.Helper()
+	assets, err := static.New()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sealer, err := db.NewSealer(bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	srv, err := New(Deps{Pool: e.pool, Assets: assets, Secrets: sealer, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		BaseURL: base, Version: "test", Nodes: &Nodes{Self: id, Key: nodeTestKey}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.InternalHandler())
+	e.t.Cleanup(func() { ts.Close(); srv.Close() })
+	if err := db.RegisterNode(context.Background(), e.pool, db.NodeRegistration{ID: id, Kind: db.NodeWorker,
+		InternalURL: ts.URL, Works: true}); err != nil {
+		e.t.Fatal(err)
+	}
+	return ts
+}
+
+// TestInternalListenerRefuses: the internal listener answers only signed, fresh node-to-node
+// requests for its own routes: no signature, a wrong key, a tampered path or user, an old
+// signature → 401; a signed request for anything else (the API, pages) → 404; a signed preview
+// of a service this node does not run → 404.
+func TestInternalListenerRefuses(t *testing.T) {
+	t.Parallel()
+	e := setup(t, func(d *Deps) { d.Nodes = &Nodes{Self: "n1", Key: nodeTestKey} })
+	r := e.roles()
+	_, port := previewUpstream(t)
+	svc := e.previewService(r.A.ID, "running", port) // on node "n", not n1
+	in := httptest.NewServer(e.srv.InternalHandler())
+	t.Cleanup(in.Close)
+
+	send := func(path, user string, sign func(*http.Request)) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", in.URL+path, nil)
+		if user != "" {
+			req.Header.Set(nodeUserHeader, user)
+		}
+		if sign != nil {
+			sign(req)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	signed := func(key []byte, at time.Time) func(*http.Request) {
+		return func(r *http.Request) { signNodeRequest(r, key, at) }
+	}
+	now := time.Now()
+	preview := "/internal/preview/" + svc + "/"
+	cases := []struct {
+		name, path, user string
+		sign             func(*http.Request)
+		want             int
+	}{
+		{"unsigned preview", preview, r.Viewer.User.ID, nil, 401},
+		{"unsigned API", "/api/me", "", nil, 401},
+		{"wrong key", preview, r.Viewer.User.ID, signed(NodeKey([]byte("another secret key of 32 bytes!!")), now), 401},
+		{"stale", preview, r.Viewer.User.ID, signed(nodeTestKey, now.Add(-2*time.Minute)), 401},
+		{"garbage", preview, r.Viewer.User.ID, func(r *http.Request) { r.Header.Set(nodeAuthHeader, "x.y") }, 401},
+		{"tampered path", preview + "other", r.Viewer.User.ID, func(req *http.Request) {
+			signNodeRequest(req, nodeTestKey, now)
+			req.URL.Path += "x"
+		}, 401},
+		{"tampered user", preview, r.Viewer.User.ID, func(req *http.Request) {
+			signNodeRequest(req, nodeTestKey, now)
+			req.Header.Set(nodeUserHeader, r.Board.User.ID)
+		}, 401},
+		{"signed API", "/api/me", "", signed(nodeTestKey, now), 404},
+		{"signed page", "/", "", signed(nodeTestKey, now), 404},
+		{"signed preview of another node's service", preview, r.Viewer.User.ID, signed(nodeTestKey, now), 404},
+	}
+	for _, tc := range cases {
+		if got := send(tc.path, tc.user, tc.sign); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	// A server without a node key refuses everything.
+	bare := httptest.NewServer(setup(t).srv.InternalHandler())
+	t.Cleanup(bare.Close)
+	req, _ := http.NewRequest("GET", bare.URL+preview, nil)
+	signNodeRequest(req, nil, now)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 401 {
+		t.Fatalf("no key: %v %v", resp, err)
+	}
+	if bytes.Equal(nodeTestKey, bytes.Repeat([]byte{7}, 32)) || len(nodeTestKey) != 32 {
+		t.Fatal("the node key is not derived")
+	}
+}
+
+// TestPreviewForwardedToOwningNode: a preview of a service another node runs goes through that
+// node's internal listener: a member gets the service's answer (cookies and Authorization
+// stripped, the forwarded host the web node's), WebSockets pass both hops, a non-member gets the
+// same 404 as ever, and a dead owner is a 503 node_unavailable.
+func TestPreviewForwardedToOwningNode(t *testing.T) {
+	t.Parallel()
+	e := setup(t, func(d *Deps) { d.Nodes = &Nodes{Self: "web", Key: nodeTestKey, DeadAfter: 30 * time.Second} })
+	r := e.roles()
+	_, port := previewUpstream(t)
+	svc := e.previewService(r.A.ID, "running", port)
+	if _, err := e.pool.Exec(context.Background(), `UPDATE runtime_services SET node_id = 'w9' WHERE id = $1`, svc); err != nil {
+		t.Fatal(err)
+	}
+	base, _ := url.Parse(e.ts.URL)
+	e.otherNode("w9", base)
+
+	viewer := e.browser(r.Viewer)
+	resp, err := viewer.Get(e.ts.URL + "/preview/" + svc + "/deep/page?q=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]string
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("forwarded preview: %d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	want := map[string]string{"path": "/deep/page", "query": "q=1", "host": "127.0.0.1:" + strconv.Itoa(port),
+		"prefix": "/preview/" + svc, "fwd_host": strings.TrimPrefix(e.ts.URL, "http://"), "authorization": ""}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s upstream = %q, want %q", k, got[k], v)
+		}
+	}
+	if strings.Contains(got["cookie"], "berth_session") {
+		t.Errorf("Berth's session reached the other node's service: %q", got["cookie"])
+	}
+
+	// A WebSocket, through the web node and the owning node's internal listener.
+	conn, err := net.Dial("tcp", e.ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "GET /preview/%s/ws HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+		svc, e.ts.Listener.Addr(), r.Viewer.Token)
+	br := bufio.NewReader(conn)
+	up, err := http.ReadResponse(br, nil)
+	if err != nil || up.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade through two hops: %v %v", up, err)
+	}
+	if _, err := conn.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo through two hops = %q %v", buf, err)
+	}
+
+	// Another company's member: 404, decided on the web node.
+	other, _ := http.NewRequest("GET", e.ts.URL+"/preview/"+svc+"/", nil)
+	other.Header.Set("Authorization", "Bearer "+r.Other.Token)
+	if resp, err := http.DefaultClient.Do(other); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Errorf("another company's member: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+
+	// The owner goes silent: 503 node_unavailable (after the web node's short cache).
+	if _, err := e.pool.Exec(context.Background(), `UPDATE nodes SET heartbeat_at = now() - interval '1 minute' WHERE id = 'w9'`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(nodeURLTTL + 100*time.Millisecond)
+	resp, err = viewer.Get(e.ts.URL + "/preview/" + svc + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readBody(t, resp)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "node that runs this is down") {
+		t.Fatalf("dead owner: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestNodesAPI: instance admins list the nodes with what each holds; anyone else gets 404.
+func TestNodesAPI(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	r := e.roles()
+	ctx := context.Background()
+	for _, n := range []db.NodeRegistration{{ID: "a", Kind: db.NodeServe}, {ID: "b", Kind: db.NodeWorker, Works: true, InternalURL: "http://10.0.0.2:9000"}} {
+		if err := db.RegisterNode(ctx, e.pool, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE nodes SET heartbeat_at = now() - interval '1 minute' WHERE id = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	_, port := previewUpstream(t)
+	svc := e.previewService(r.A.ID, "running", port)
+	if _, err := e.pool.Exec(ctx, `UPDATE runtime_services SET node_id = 'b' WHERE id = $1`, svc); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("GET", e.ts.URL+"/api/nodes", nil)
+	req.Header.Set("Authorization", "Bearer "+r.Admin.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Items []nodeJSON `json:"items"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("admin: %d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	if len(out.Items) != 2 || out.Items[0].ID != "b" || !out.Items[0].Alive || out.Items[0].Holds.Services != 1 ||
+		out.Items[0].InternalURL != "http://10.0.0.2:9000" || out.Items[1].ID != "a" || out.Items[1].Alive || out.Items[1].Kind != "serve" {
+		t.Fatalf("nodes = %+v", out.Items)
+	}
+	for name, a := range map[string]actor{"board": r.Board, "viewer": r.Viewer} {
+		if code, _ := e.call(a, "GET", "/api/nodes", nil); code != http.StatusNotFound {
+			t.Errorf("%s: %d, want 404", name, code)
+		}
+		if resp, err := e.browser(a).Get(e.ts.URL + "/admin/nodes"); err != nil || resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s page: %v %v", name, resp.StatusCode, err)
+		}
+	}
+	resp, err = e.browser(r.Admin).Get(e.ts.URL + "/admin/nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readBody(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "silent") || !strings.Contains(body, ">b<") {
+		t.Fatalf("admin page: %d %s", resp.StatusCode, body)
+	}
+}
