@@ -25,6 +25,10 @@ run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
 # Copy realization vs cp -a, interleaved, on a 5,000-file / 100 MB tree (before the 1x smoke run,
 # so the summary's ratio is this one).
 BERTH_BENCH_FILES=5000 BERTH_BENCH_MB=100 run ./workspace/ 'BenchmarkCopyVsCp' 7x
+# Receipts and attempts (docs/attempts.md "Figures"): the tree digest of a 20,000-file workspace vs a
+# reference Go tree hash, and 4 attempts in parallel vs 4 sequential runs.
+run ./workspace/ 'BenchmarkReceiptTreeDigest' 3x
+run ./handlers/ 'BenchmarkAttemptsParallel' 1x
 run ./workspace/ '.' 1x
 # The terminal bridge against WeTTY and a raw pty (docs/terminal.md "Benchmarks"). WeTTY is
 # installed into a cache dir outside the repo; when it cannot be, the reason is printed above.
@@ -53,6 +57,12 @@ for w in tmpfs disk; do
 done
 cr=$(metric BenchmarkCopyVsCp ratio)
 [ -n "$cr" ] && echo "copy realization vs cp -a (5,000 files, 100 MB), medians: ${cr}x (goal >= 0.9x; above 1 is faster)"
+rt=$(metric BenchmarkReceiptTreeDigest ratio)
+[ -n "$rt" ] && echo "receipt tree digest of a $(metric BenchmarkReceiptTreeDigest files)-file workspace vs a reference Go tree hash (walk + sha256, sorted), medians: ${rt}x for a copy workspace, $(metric BenchmarkReceiptTreeDigest ratio-worktree)x for a git worktree (goal >= 0.7x; above 1 is faster)"
+for c in sleep cpu; do
+  ar=$(metric "BenchmarkAttemptsParallel/$c" ratio)
+  [ -n "$ar" ] && echo "4 attempts in parallel vs 4 sequential runs, $c command: $(metric "BenchmarkAttemptsParallel/$c" parallel-s) s vs $(metric "BenchmarkAttemptsParallel/$c" sequential-s) s, ${ar}x (bounded by Berth's per-run work for sleep, by the 2 cores for cpu)"
+done
 shared=$(metric BenchmarkAdmissionToStartShared p50-ms)
 [ -n "$shared" ] && echo "shared workspace admission-to-start p50: ${shared} ms (goal <= 50 ms)"
 added=$(metric BenchmarkAdmissionToStartContainment added-p50-ms); jailed=$(metric BenchmarkAdmissionToStartContainment jail-p50-ms)
