@@ -10,7 +10,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
+	"time"
 )
 
 // Artifacts is a content-addressed store at <data dir>/artifacts/<sha256>. It lives outside every
@@ -32,7 +34,29 @@ func NewArtifacts(dataDir string) (*Artifacts, error) {
 	if err := ensurePrivateDir(dir); err != nil {
 		return nil, fmt.Errorf("new artifacts: %w", err)
 	}
+	removeStalePuts(dir)
 	return &Artifacts{dir: dir}, nil
+}
+
+// stalePutAge: a Put's temporary file this old belongs to a process that died between write and
+// rename (a Put that still runs writes to it continuously).
+const stalePutAge = time.Hour
+
+// removeStalePuts removes what killed Puts left behind; their content, never renamed into place,
+// is nobody's.
+func removeStalePuts(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".put-") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() && time.Since(fi.ModTime()) > stalePutAge {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
 
 // Put stores the content of r and returns its digest (64 lowercase hex) and size. When want is not

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -280,6 +281,18 @@ func TestPublishKilled(t *testing.T) {
 			d, _, err := a.Put(ctx, bytes.NewReader(content), sha(content))
 			mustDo(t, err)
 			mustDo(t, a.Verify(ctx, d))
+			// The killed Put's temporary file, once old, is removed when the store is opened again.
+			longAgo := time.Now().Add(-2 * stalePutAge)
+			for _, n := range names(t, filepath.Join(dir, "artifacts")) {
+				if strings.HasPrefix(n, ".put-") {
+					mustDo(t, os.Chtimes(filepath.Join(dir, "artifacts", n), longAgo, longAgo))
+				}
+			}
+			_, err = NewArtifacts(dir)
+			mustDo(t, err)
+			if got := names(t, filepath.Join(dir, "artifacts")); len(got) != 2 {
+				t.Fatalf("store after reopening = %v, want the two artifacts only", got)
+			}
 		})
 	}
 	for _, step := range []string{"write", "staged", "renamed"} {
