@@ -167,8 +167,8 @@ func (e *Executing) whileSole(ctx context.Context, fn func(sole bool) error) err
 	return fn(err == nil && sole)
 }
 
-// heartbeatEvery is how often a run's executor proves it is alive; execute_run's watcher beats
-// at the same pace.
+// heartbeatEvery is how often a run's executor proves it is alive (the run's heartbeat_at the
+// orphan sweep reads); execute_run's watcher also beats with each lease renewal, every TTL/3.
 const heartbeatEvery = leaseTTL / 4
 
 // runMiddleware wraps the jobs that execute a run (provision, execute_run): while one works, the
