@@ -12,8 +12,9 @@ import (
 )
 
 // TestEventTriggers: migration 0012 notifies a run's state change as "run", its log growth as
-// "run_log", and not a heartbeat; a lease's release but not its heartbeat; with the ids that
-// route the event.
+// "run_log", and not a heartbeat; a lease's acquire through the run that takes it, its cleanup
+// mark, but neither its heartbeat nor its holder's release (the hot path); with the ids that
+// route each event.
 func TestEventTriggers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -52,13 +53,16 @@ func TestEventTriggers(t *testing.T) {
 		cid, tid, runID).Scan(&leaseID); err != nil {
 		t.Fatal(err)
 	}
-	exec(`UPDATE environment_leases SET heartbeat_at = now(), expires_at = now() + interval '1 minute' WHERE id = $1`, leaseID) // nothing
-	exec(`UPDATE environment_leases SET status = 'released', released_at = now() WHERE id = $1`, leaseID)
+	exec(`UPDATE runs SET lease_id = $2 WHERE id = $1`, runID, leaseID)                                                               // run, and lease (the acquire)
+	exec(`UPDATE environment_leases SET heartbeat_at = now(), expires_at = now() + interval '1 minute' WHERE id = $1`, leaseID)       // nothing
+	exec(`UPDATE environment_leases SET status = 'released', released_at = now(), cleanup_status = 'pending' WHERE id = $1`, leaseID) // nothing: the mark announces it
+	exec(`UPDATE environment_leases SET cleanup_status = 'succeeded', cleanup_attempts = 1 WHERE id = $1`, leaseID)                   // lease
 
 	want := []db.Event{
 		{CompanyID: cid, Topic: "task", ID: tid, TaskID: tid},
 		{CompanyID: cid, Topic: "run", ID: runID, TaskID: tid, RunID: runID},
 		{CompanyID: cid, Topic: "run_log", ID: runID, TaskID: tid, RunID: runID},
+		{CompanyID: cid, Topic: "run", ID: runID, TaskID: tid, RunID: runID},
 		{CompanyID: cid, Topic: "run", ID: runID, TaskID: tid, RunID: runID},
 		{CompanyID: cid, Topic: "lease", ID: leaseID, TaskID: tid, RunID: runID},
 		{CompanyID: cid, Topic: "lease", ID: leaseID, TaskID: tid, RunID: runID},

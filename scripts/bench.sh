@@ -20,6 +20,7 @@ run ./environment/ 'BenchmarkJailStart' 300x
 run ./environment/ 'BenchmarkServiceStartToHealthy' 30x
 run ./handlers/ 'BenchmarkPreviewProxy$|BenchmarkPreviewWebSocket$' 1x
 run ./jobs/ 'BenchmarkRiverPickup' 500x
+run ./handlers/ 'BenchmarkSSEFanout' 200x
 run ./jobs/ 'BenchmarkSpoolSave' 50x
 run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
 # Copy realization vs cp -a, interleaved, on a 5,000-file / 100 MB tree (before the 1x smoke run,
@@ -80,6 +81,10 @@ so=$(metric BenchmarkServiceStartToHealthy own-startup-p50-ms); sh=$(metric Benc
 [ -n "$sh" ] && echo "Go HTTP server as a service, start -> healthy p50: ${sh} ms vs its own startup ${so} ms (goal <= startup + 20 ms)"
 pickup=$(metric BenchmarkRiverPickup p50-ms)
 [ -n "$pickup" ] && echo "River pickup p50: ${pickup} ms"
+ssep=$(metric BenchmarkSSEFanout p99-ms)
+[ -n "$ssep" ] && echo "run status change committed -> SSE event at $(metric BenchmarkSSEFanout clients) connected streams: p50 $(metric BenchmarkSSEFanout p50-ms) ms, p99 ${ssep} ms (goal p99 <= 100 ms); idle: $(metric BenchmarkSSEFanout idle-req/s) requests/s, $(metric BenchmarkSSEFanout idle-bytes/s) bytes/s over 5 s (goal 0 requests/s)"
+tpp=$(metric BenchmarkTaskPage p50-ms)
+[ -n "$tpp" ] && echo "task page server time p50: ${tpp} ms, with live pages (SSE subscription) $(metric BenchmarkTaskPageLive p50-ms) ms (goal <= 2 ms)"
 sp1=$(metric BenchmarkSpoolSave/log=1KiB ms/save); sp2=$(metric BenchmarkSpoolSave/log=1024KiB ms/save)
 [ -n "$sp1" ] && echo "run outcome spool save (fsynced) per run end: ${sp1} ms (1 KiB log), ${sp2} ms (1 MiB log)"
 tm() { metric "BenchmarkTerminal$1" "$2"; }

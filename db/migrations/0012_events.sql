@@ -30,6 +30,10 @@ BEGIN
         topic := 'run_log';
     END IF;
     PERFORM berth_notify(NEW.company_id, topic, NEW.id, NEW.task_id, NEW.execution_workspace_id, NEW.id, NEW.environment_id);
+    IF TG_OP = 'UPDATE' AND NEW.lease_id IS NOT NULL AND OLD.lease_id IS DISTINCT FROM NEW.lease_id THEN
+        -- the lease just acquired for the run (its INSERT does not notify: see leases below)
+        PERFORM berth_notify(NEW.company_id, 'lease', NEW.lease_id, NEW.task_id, NEW.execution_workspace_id, NEW.id, NEW.environment_id);
+    END IF;
     RETURN NULL;
 END $$;
 CREATE TRIGGER runs_notify_insert AFTER INSERT ON runs FOR EACH ROW EXECUTE FUNCTION berth_runs_notify();
@@ -49,19 +53,23 @@ END $$;
 CREATE TRIGGER workspace_operations_notify AFTER INSERT OR UPDATE ON workspace_operations FOR EACH ROW
     EXECUTE FUNCTION berth_operations_notify();
 
--- Leases: acquire, release, expiry, cleanup; not heartbeats.
+-- Leases. NOTIFY serializes the commits that send it (PostgreSQL takes one lock for all of them
+-- until commit ends), and a lease's acquire and its holder's release are the hot path every run
+-- of every company crosses (migration 0004): those two stay silent and are announced by the
+-- statement that follows each of them anyway, which notifies in its own transaction: the run's
+-- lease_id update after an acquire (the run trigger sends a "lease" event for it too) and the
+-- cleanup mark after a release (finalize). Everything else a lease page shows notifies: expiry,
+-- takeover and force release (generation), failure, cleanup marks and retries; not heartbeats.
 CREATE FUNCTION berth_leases_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM berth_notify(NEW.company_id, 'lease', NEW.id, NEW.task_id, NEW.execution_workspace_id, NEW.run_id, NEW.environment_id);
     RETURN NULL;
 END $$;
-CREATE TRIGGER environment_leases_notify_insert AFTER INSERT ON environment_leases FOR EACH ROW
-    EXECUTE FUNCTION berth_leases_notify();
 CREATE TRIGGER environment_leases_notify_update AFTER UPDATE ON environment_leases FOR EACH ROW
-    WHEN ((OLD.status, OLD.generation, OLD.cleanup_status, OLD.cleanup_attempts, OLD.released_at, OLD.failure_reason,
-            OLD.run_id, OLD.task_id)
-        IS DISTINCT FROM (NEW.status, NEW.generation, NEW.cleanup_status, NEW.cleanup_attempts, NEW.released_at,
-            NEW.failure_reason, NEW.run_id, NEW.task_id))
+    WHEN (OLD.generation <> NEW.generation OR OLD.cleanup_attempts <> NEW.cleanup_attempts
+        OR (OLD.cleanup_status <> NEW.cleanup_status AND OLD.cleanup_status <> 'none')
+        OR (OLD.status <> NEW.status AND NEW.status <> 'released')
+        OR (OLD.run_id, OLD.task_id) IS DISTINCT FROM (NEW.run_id, NEW.task_id))
     EXECUTE FUNCTION berth_leases_notify();
 
 -- Runtime services: state, health and what the panel shows of them; not last_request_at (the
