@@ -2,8 +2,10 @@ package pgembed
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -103,7 +105,7 @@ func (c *Cluster) superviseLoop(ctx context.Context, bin binaries, fast bool) {
 			case <-time.After(wait):
 			}
 			wait = min(wait*2, restartMax)
-			next, err := c.restart(ctx, pm, bin, fast)
+			next, err := c.restart(ctx, bin, fast)
 			if ctx.Err() != nil {
 				return
 			}
@@ -124,37 +126,42 @@ func (c *Cluster) superviseLoop(ctx context.Context, bin binaries, fast bool) {
 	}
 }
 
-// restart starts postgres again after dead exited, under start.lock like every start.
-func (c *Cluster) restart(ctx context.Context, dead *proc, bin binaries, fast bool) (*proc, error) {
+// restart starts postgres again after the postmaster exited, under start.lock like every start.
+func (c *Cluster) restart(ctx context.Context, bin binaries, fast bool) (*proc, error) {
 	lock, err := lockFile(ctx, c.paths.startLock, syscall.LOCK_EX, startTimeout)
 	if err != nil {
 		return nil, err
 	}
 	defer unlockFile(lock)
-	if err := killLeftovers(ctx, dead.cmd.Process.Pid); err != nil {
+	if err := killLeftovers(ctx, c.paths.data); err != nil {
 		return nil, err
 	}
 	return startPostgres(ctx, c.paths, bin, fast)
 }
 
-// killLeftovers SIGKILLs what remains of a dead postmaster's process group (its
-// backends and auxiliary processes leave on their own once they notice, but
-// need not have yet) and waits until the group is empty. PostgreSQL refuses to
-// start while any of them still holds the old shared memory, and must not start
-// while they could still write the data directory; its own check of the stale
-// postmaster.pid then lets the new postmaster in. The group id cannot be reused
-// while the group has members, so the kill reaches only postgres processes.
-func killLeftovers(ctx context.Context, pgid int) error {
-	if err := syscall.Kill(-pgid, syscall.SIGKILL); errors.Is(err, syscall.ESRCH) {
-		return nil
+// killLeftovers SIGKILLs what remains of a dead postmaster's server (backends and
+// auxiliary processes leave on their own once they notice, but need not have yet; a stopped
+// one never does) and waits until none is left. PostgreSQL refuses to start while any of them
+// still holds the old shared memory, and must not start while they could still write the data
+// directory. They are found by what they are, not by a remembered pid: live postgres processes
+// whose working directory is this cluster's data directory (each postmaster child is its own
+// process group, so the postmaster's group does not name them). PostgreSQL's own check of the
+// stale postmaster.pid then lets the new postmaster in.
+func killLeftovers(ctx context.Context, data string) error {
+	if real, err := filepath.EvalSymlinks(data); err == nil {
+		data = real // /proc/<pid>/cwd names the resolved path
 	}
 	deadline := time.Now().Add(leftoversTimeout)
 	for {
-		if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
+		pids := serverProcesses(data)
+		if len(pids) == 0 {
 			return nil
 		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("processes of the dead postmaster (process group %d) still run after %s", pgid, leftoversTimeout)
+			return fmt.Errorf("processes of the dead server (%v) still run after %s", pids, leftoversTimeout)
 		}
 		select {
 		case <-ctx.Done():
@@ -162,6 +169,25 @@ func killLeftovers(ctx context.Context, pgid int) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// serverProcesses lists the live postgres processes working in the data directory data.
+func serverProcesses(data string) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !postmasterAlive(pid) { // postmasterAlive: a live, non-zombie postgres
+			continue
+		}
+		if cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid)); err == nil && cwd == data {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // startPostgres runs the postmaster on the cluster in p and waits until it

@@ -159,6 +159,36 @@ func TestSupervisorWaitsForStartLock(t *testing.T) {
 	}
 }
 
+// TestSupervisorKillsStuckBackend: a backend that cannot notice its postmaster's death (here
+// SIGSTOPped) keeps the old shared memory, and PostgreSQL refuses to start beside it; the
+// supervisor kills such leftovers of its own data directory before it restarts the server.
+func TestSupervisorKillsStuckBackend(t *testing.T) {
+	t.Parallel()
+	dir := newDir(t)
+	c := mustStart(t, pgembed.Options{Dir: dir, Fast: true, Logger: testLogger()})
+	ctx := context.Background()
+	held, err := pgx.Connect(ctx, c.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close(ctx)
+	var backend int
+	if err := held.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(backend, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(backend, syscall.SIGKILL) })
+	if err := syscall.Kill(c.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitAnswers(t, c, time.Minute)
+	if processExists(backend) {
+		t.Fatalf("the stopped backend %d of the dead server still exists after the restart", backend)
+	}
+}
+
 // TestStopDuringOutage: Stop while the postmaster is dead and the supervisor waits to restart
 // it returns without starting postgres again.
 func TestStopDuringOutage(t *testing.T) {
