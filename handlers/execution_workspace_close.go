@@ -251,6 +251,10 @@ func (s *Server) closeWorkspace(ctx context.Context, r *http.Request, a access, 
 			return &httpError{Status: http.StatusConflict, Code: "workspace_preparing",
 				Message: "The workspace is being prepared (reopened); close it once it is ready or has failed."}
 		}
+		if closed, ok, err := s.closeOnDeadNode(ctx, tx, r, a, ws); ok || err != nil { // nodes_close.go
+			ws = closed
+			return err
+		}
 		facts, err := s.evaluateClose(ctx, tx, ws, confirm)
 		if err != nil {
 			return err

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"berth/db"
+	"berth/jobs"
 	"berth/static"
 )
 
@@ -257,5 +258,51 @@ func TestNodesAPI(t *testing.T) {
 	}
 	if body := readBody(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "silent") || !strings.Contains(body, ">b<") {
 		t.Fatalf("admin page: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestCloseOnDeadNode: a workspace whose node was taken over closes at once, from another node,
+// as cleanup_failed with the reason (and an audit event); while its node lives, the ordinary
+// close is asked of that node (its queue).
+func TestCloseOnDeadNode(t *testing.T) {
+	t.Parallel()
+	var e *testEnv
+	e = setup(t, func(d *Deps) {
+		client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: d.Log}, jobs.ClientOptions{Work: false})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Jobs = client
+		d.Nodes = &Nodes{Self: "web", Key: nodeTestKey}
+	})
+	r := e.roles()
+	ctx := context.Background()
+	var pid, ws string
+	if err := e.pool.QueryRow(ctx, `INSERT INTO projects (company_id, name, key) VALUES ($1, 'P', 'DED') RETURNING id`, r.A.ID).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.pool.QueryRow(ctx, `INSERT INTO execution_workspaces (company_id, project_id, mode, strategy, ref, status, node_id)
+		VALUES ($1, $2, 'isolated', 'copy', 'ws-' || md5(random()::text), 'ready', 'gone') RETURNING id`, r.A.ID, pid).Scan(&ws); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.RegisterNode(ctx, e.pool, db.NodeRegistration{ID: "gone", Kind: db.NodeWorker, Works: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE nodes SET taken_over_at = now(), heartbeat_at = now() - interval '1 hour' WHERE id = 'gone'`); err != nil {
+		t.Fatal(err)
+	}
+	code, out := e.call(r.Board, "PATCH", "/api/execution-workspaces/"+ws, map[string]any{"status": "closed"})
+	if code != http.StatusAccepted || out["status"] != "cleanup_failed" || !strings.Contains(fmt.Sprint(out["cleanup_reason"]), "node gone is dead") ||
+		out["node_id"] != "gone" {
+		t.Fatalf("close on a dead node: %d %v", code, out)
+	}
+	if n := e.count(`SELECT count(*) FROM audit_events WHERE action = 'execution_workspace.close_node_dead' AND target_id = $1`, ws); n != 1 {
+		t.Errorf("audit events = %d", n)
+	}
+	if n := e.count(`SELECT count(*) FROM river_job WHERE kind = 'close_workspace'`); n != 0 {
+		t.Errorf("%d close jobs for a workspace nobody can reach", n)
+	}
+	if code, _ := e.call(r.Viewer, "PATCH", "/api/execution-workspaces/"+ws, map[string]any{"status": "closed"}); code != http.StatusForbidden && code != http.StatusNotFound {
+		t.Errorf("a viewer's close: %d", code)
 	}
 }
