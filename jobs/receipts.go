@@ -79,6 +79,9 @@ func (w *FinalizeWorker) receiptFor(ctx context.Context, run db.Run, ws *db.Exec
 		return rc, nil
 	}
 	rc.WorkspaceRef = strPtr(ws.Ref)
+	if ws.Strategy != string(workspace.StrategyGitWorktree) && ws.Strategy != string(workspace.StrategyCopy) {
+		return rc, nil // a shared workspace is the project's own directory: Berth keeps no result of it to digest
+	}
 	root, err := w.workspaceRoot(*ws)
 	if err != nil {
 		return rc, err
@@ -118,7 +121,6 @@ func (w *FinalizeWorker) receiptFor(ctx context.Context, run db.Run, ws *db.Exec
 			}
 		}
 	}
-	// A shared workspace is the project's own directory: Berth keeps no result of it to digest.
 	return rc, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -247,12 +248,17 @@ func (m *Manager) DiffStatOf(ctx context.Context, gitDir, base, head string) (Di
 
 // DiffText is `git diff` between two commits, cut at max bytes (truncated says so).
 func (m *Manager) DiffText(ctx context.Context, gitDir, base, head string, max int) (text string, truncated bool, err error) {
-	out, err := m.git.run(ctx, gitCall{}, "--git-dir="+gitDir, "diff", "-M", "--no-color", "--no-ext-diff", "--end-of-options", base, head)
+	var b []byte
+	err = m.git.stream(ctx, gitCall{}, nil, func(r io.Reader) error {
+		var rerr error
+		b, rerr = io.ReadAll(io.LimitReader(r, int64(max)+1))
+		return rerr
+	}, "--git-dir="+gitDir, "diff", "-M", "--no-color", "--no-ext-diff", "--end-of-options", base, head)
 	if err != nil {
 		return "", false, fmt.Errorf("diff: %w", err)
 	}
-	if len(out) > max {
-		return out[:max], true, nil
+	if len(b) > max {
+		return string(b[:max]), true, nil
 	}
-	return out, false, nil
+	return string(b), false, nil
 }
