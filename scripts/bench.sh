@@ -23,6 +23,8 @@ run ./jobs/ 'BenchmarkRiverPickup' 500x
 run ./handlers/ 'BenchmarkSSEFanout' 200x
 run ./jobs/ 'BenchmarkSpoolSave' 50x
 run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
+# Scale-out (docs/scaling.md "Figures"): runs/s end to end with 1 and 2 worker nodes on one database.
+run ./cmd/berth/ 'BenchmarkNodesRunsPerSecond' 1x
 # Copy realization vs cp -a, interleaved, on a 5,000-file / 100 MB tree (before the 1x smoke run,
 # so the summary's ratio is this one).
 BERTH_BENCH_FILES=5000 BERTH_BENCH_MB=100 run ./workspace/ 'BenchmarkCopyVsCp' 7x
@@ -64,6 +66,8 @@ for c in sleep cpu; do
   ar=$(metric "BenchmarkAttemptsParallel/$c" ratio)
   [ -n "$ar" ] && echo "4 attempts in parallel vs 4 sequential runs, $c command: $(metric "BenchmarkAttemptsParallel/$c" parallel-s) s vs $(metric "BenchmarkAttemptsParallel/$c" sequential-s) s, ${ar}x (bounded by Berth's per-run work for sleep, by the 2 cores for cpu)"
 done
+nr=$(metric BenchmarkNodesRunsPerSecond ratio)
+[ -n "$nr" ] && echo "runs/s end to end (admission -> finalize settled, shared workspace, true): $(metric BenchmarkNodesRunsPerSecond runs/s-1node) with 1 worker node, $(metric BenchmarkNodesRunsPerSecond runs/s-2nodes) with 2 on one database, ${nr}x (goal >= 1.6x where the machine has the cores; here every process shares 2 cores, docs/scaling.md)"
 shared=$(metric BenchmarkAdmissionToStartShared p50-ms)
 [ -n "$shared" ] && echo "shared workspace admission-to-start p50: ${shared} ms (goal <= 50 ms)"
 added=$(metric BenchmarkAdmissionToStartContainment added-p50-ms); jailed=$(metric BenchmarkAdmissionToStartContainment jail-p50-ms)

@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,7 +33,7 @@ import (
 
 // nodeCluster is the three processes and what the test needs to drive them.
 type nodeCluster struct {
-	t       *testing.T
+	t       testing.TB
 	conn    string
 	pool    *pgxpool.Pool
 	base    string // the web node
@@ -49,7 +51,7 @@ type nodeCluster struct {
 var nodeTimingVars = map[string]string{"BERTH_NODE_HEARTBEAT": "500ms", "BERTH_NODE_DEAD_AFTER": "3s",
 	"BERTH_NODE_TAKEOVER_EVERY": "1s"}
 
-func newNodeCluster(t *testing.T) *nodeCluster {
+func newNodeCluster(t testing.TB) *nodeCluster {
 	t.Helper()
 	ctx := context.Background()
 	c := &nodeCluster{t: t, conn: dbtest.ConnString(t), procs: map[string]*worker{}}
@@ -153,7 +155,11 @@ func (c *nodeCluster) start(id string, extra map[string]string, args ...string) 
 	for k, v := range extra {
 		vars[k] = v
 	}
-	cmd := berthProc(c.t, vars, "", args...)
+	cmd := exec.Command(os.Args[0], args...) // the test binary is berth (TestMain, BERTH_TEST_AS_MAIN)
+	cmd.Env = append(os.Environ(), "BERTH_TEST_AS_MAIN=1")
+	for k, v := range vars {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
 	p := &worker{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
@@ -174,6 +180,21 @@ func (c *nodeCluster) start(id string, extra map[string]string, args ...string) 
 		}
 	})
 	return p
+}
+
+// stopAll stops every node (SIGTERM, then SIGKILL after 30 s) and waits for them.
+func (c *nodeCluster) stopAll() {
+	for _, p := range c.procs {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range c.procs {
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
 }
 
 // api calls the web node with token and decodes a JSON answer into out (when not nil).
@@ -266,17 +287,42 @@ func (c *nodeCluster) settled(id string) bool {
 		WHERE id = $1 AND finalize_state = 'settled'`, r.ExecutionWorkspaceID) == 1
 }
 
+// freeAddr is a free loopback address.
+func (c *nodeCluster) freeAddr() string {
+	c.t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
 // startCluster starts the web node and two workers, and waits until all three are alive.
 func (c *nodeCluster) startCluster() {
 	c.t.Helper()
-	addr := freeAddr(c.t)
+	c.startNodes(2, "3")
+}
+
+// startNodes starts the web node and workers `berth worker` processes (w1, w2, …) with
+// maxWorkers each, and waits until all are alive.
+func (c *nodeCluster) startNodes(workers int, maxWorkers string) {
+	c.t.Helper()
+	addr := c.freeAddr()
 	c.base = "http://" + addr
 	c.start("web", map[string]string{"BERTH_ADDR": addr}, "serve", "--workers=false")
-	waitHealthy(c.t, c.base, 2*time.Minute)
-	for _, id := range []string{"w1", "w2"} {
-		c.start(id, nil, "worker", "--internal-addr", freeAddr(c.t), "--max-workers", "3")
+	c.waitFor("the web node to answer", 2*time.Minute, func() bool {
+		resp, err := http.Get(c.base + "/api/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	for i := 1; i <= workers; i++ {
+		c.start("w"+strconv.Itoa(i), nil, "worker", "--internal-addr", c.freeAddr(), "--max-workers", maxWorkers)
 	}
-	c.waitFor("three live nodes", 2*time.Minute, func() bool {
+	c.waitFor("every node alive", 2*time.Minute, func() bool {
 		var out struct {
 			Items []struct {
 				ID    string `json:"id"`
@@ -292,7 +338,7 @@ func (c *nodeCluster) startCluster() {
 				alive++
 			}
 		}
-		return alive == 3
+		return alive == workers+1
 	})
 	if code := c.api("GET", "/api/nodes", c.token, nil, nil); code != http.StatusNotFound {
 		c.t.Fatalf("GET /api/nodes as a board member: %d, want 404", code)
