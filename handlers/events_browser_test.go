@@ -215,4 +215,42 @@ func TestLivePagesBrowser(t *testing.T) {
 	fragmentsOnly("run page", n, m, "/runs/"+run2+"?fragment=run")
 	re.settled(re.waitRun(run2, "ended", ended))
 	idle("run page after the run")
+
+	// The stream is cut (as a restarted proxy would): the browser reconnects with Last-Event-ID
+	// and, nothing having changed, re-fetches nothing.
+	_, n = log.since(0)
+	events.mu.Lock()
+	for sub := range events.subs {
+		events.dropLocked(sub)
+	}
+	events.mu.Unlock()
+	subscribed("run page after its stream was cut")
+	idle("run page after reconnecting")
+	if reqs, _ := log.since(n); len(reqs) != 1 || !strings.HasPrefix(reqs[0], "/events?") {
+		t.Fatalf("after its stream was cut the page requested %v, want only the stream again", reqs)
+	}
+
+	// The node's LISTEN connection dies: whatever committed meanwhile is unknown, so the page
+	// re-reads once (one re-fetch per live fragment), then is idle again.
+	_, n = log.since(0)
+	live := liveFragments()
+	if _, err := re.pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE query = 'LISTEN berth_events' AND datname = current_database()`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		reqs, _ := log.since(n)
+		if len(reqs) >= live {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the listener reconnected the page made %d requests, want %d: %v", len(reqs), live, reqs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	idle("run page after the resync")
+	if reqs, _ := log.since(n); len(reqs) != live {
+		t.Fatalf("resync: %d requests for %d live fragments: %v", len(reqs), live, reqs)
+	}
 }
