@@ -3,6 +3,7 @@ package handlers
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"time"
 
 	"berth/db"
@@ -27,7 +28,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Cache-Control", "no-store")
 	if err != nil {
 		s.log.WarnContext(r.Context(), "health check: database unreachable", "err", err)
-		w.Header().Set("Retry-After", "5")
+		w.Header().Set("Retry-After", strconv.Itoa(retryUnavailable))
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "degraded", "database": "unreachable", "version": s.version})
 		return nil
 	}
