@@ -29,8 +29,9 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// AcquireTimeout is how long a caller waits for a pooled connection when every one is in use;
-// after it the call fails and AcquireTimedOut reports it (handlers answer 503 database_busy).
+// AcquireTimeout is how long a request (a context made by WatchAcquire) waits for a pooled
+// connection when every one is in use; after it the call fails and AcquireTimedOut reports it
+// (handlers answer 503 database_busy). Background work (jobs, heartbeats) keeps waiting.
 const AcquireTimeout = 2 * time.Second
 
 // Open connects a pool to the database named by connString and checks that it answers.
@@ -67,8 +68,8 @@ func Open(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// acquireTimeout bounds every pool acquire by AcquireTimeout (pgxpool acquires with the context
-// its AcquireTracer returns) and records a timeout in the caller's context for AcquireTimedOut.
+// acquireTimeout bounds the pool acquires of watched contexts by AcquireTimeout (pgxpool
+// acquires with the context its AcquireTracer returns) and records a timeout for AcquireTimedOut.
 type acquireTimeout struct{}
 
 type acquireKey struct{}
@@ -90,6 +91,9 @@ type acquireState struct {
 var errAcquireTimeout = errors.New("no pooled database connection became free in time")
 
 func (acquireTimeout) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	if _, watched := ctx.Value(acquireWatchKey{}).(*acquireWatch); !watched {
+		return ctx
+	}
 	actx, cancel := context.WithTimeoutCause(ctx, AcquireTimeout, errAcquireTimeout)
 	return context.WithValue(actx, acquireKey{}, acquireState{cancel: cancel, parent: ctx})
 }
@@ -112,8 +116,9 @@ type acquireWatchKey struct{}
 // acquireWatch records that an acquire under a context timed out.
 type acquireWatch struct{ timedOut atomic.Bool }
 
-// WatchAcquire returns a context under which AcquireTimedOut can later tell whether a pool
-// acquire gave up after AcquireTimeout (the error itself is a plain context.DeadlineExceeded).
+// WatchAcquire returns a context whose pool acquires give up after AcquireTimeout, and under
+// which AcquireTimedOut can later tell that this happened (the error itself is a plain
+// context.DeadlineExceeded). Handlers mark every request with it.
 func WatchAcquire(ctx context.Context) context.Context {
 	return context.WithValue(ctx, acquireWatchKey{}, &acquireWatch{})
 }

@@ -60,8 +60,19 @@ func TestAcquireTimeoutAndProber(t *testing.T) {
 		t.Fatalf("Reachable with the pool exhausted: %v", err)
 	}
 
+	// Background work (an unwatched context) keeps waiting past AcquireTimeout.
+	waiting := make(chan error, 1)
+	go func() { waiting <- db.Ping(ctx, pool) }()
+	select {
+	case err := <-waiting:
+		t.Fatalf("an unwatched acquire gave up on an exhausted pool: %v", err)
+	case <-time.After(db.AcquireTimeout + time.Second):
+	}
 	for _, c := range held {
 		c.Release()
+	}
+	if err := <-waiting; err != nil {
+		t.Fatalf("the unwatched acquire after the release: %v", err)
 	}
 	if err := db.Ping(db.WatchAcquire(ctx), pool); err != nil {
 		t.Fatalf("after the release: %v", err)

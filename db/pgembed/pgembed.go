@@ -8,6 +8,9 @@
 // from a short-lived one: it waits for the short one to finish and then starts
 // its own cluster, so a server never depends on a CLI command.
 //
+// The owner supervises its postmaster (supervisor.go): one that dies without Stop
+// asking is restarted with backoff, and every process's pool reconnects by itself.
+//
 // Layout of the cluster directory:
 //
 //	data/         the PostgreSQL data directory (initdb on first start)
