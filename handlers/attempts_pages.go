@@ -132,7 +132,7 @@ func (s *Server) attemptsPageData(ctx context.Context, a access, task db.Task, g
 				if st, err := s.workspaces.DiffStatOf(ctx, gitDir, g.BaseCommit, tip); err == nil {
 					row.Files, row.Insertions, row.Deletions = st.Files, st.Insertions, st.Deletions
 				}
-				row.Diff, row.DiffCut, _ = s.workspaces.DiffText(ctx, gitDir, g.BaseCommit, tip, maxCompareDiff)
+				row.Diff, row.DiffCut, row.DiffHidden, _ = s.workspaces.DiffText(ctx, gitDir, g.BaseCommit, tip, maxCompareDiff)
 			}
 		}
 		if it.WorkspaceID != "" {

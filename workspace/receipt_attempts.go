@@ -246,19 +246,56 @@ func (m *Manager) DiffStatOf(ctx context.Context, gitDir, base, head string) (Di
 	return d, nil
 }
 
-// DiffText is `git diff` between two commits, cut at max bytes (truncated says so).
-func (m *Manager) DiffText(ctx context.Context, gitDir, base, head string, max int) (text string, truncated bool, err error) {
+// maxDiffPaths bounds the files DiffText shows.
+const maxDiffPaths = 500
+
+// DiffText is `git diff` between two commits for people to read, cut at max bytes (truncated
+// says so). Files with a denied name in their path (DeniedName: secrets, keys, VCS metadata,
+// dependency trees) are left out and counted in hidden, as the file browser hides them.
+func (m *Manager) DiffText(ctx context.Context, gitDir, base, head string, max int) (text string, truncated bool, hidden int, err error) {
+	names, err := m.git.run(ctx, gitCall{}, "--git-dir="+gitDir, "diff", "--name-only", "-z", "--no-renames", "--end-of-options", base, head)
+	if err != nil {
+		return "", false, 0, fmt.Errorf("diff: %w", err)
+	}
+	var paths []string
+	for _, p := range strings.Split(names, "\x00") {
+		if p == "" {
+			continue
+		}
+		if deniedPath(p) {
+			hidden++
+			continue
+		}
+		paths = append(paths, ":(literal)"+p)
+	}
+	if len(paths) == 0 {
+		return "", false, hidden, nil
+	}
+	if len(paths) > maxDiffPaths {
+		paths, truncated = paths[:maxDiffPaths], true
+	}
 	var b []byte
 	err = m.git.stream(ctx, gitCall{}, nil, func(r io.Reader) error {
 		var rerr error
 		b, rerr = io.ReadAll(io.LimitReader(r, int64(max)+1))
 		return rerr
-	}, "--git-dir="+gitDir, "diff", "-M", "--no-color", "--no-ext-diff", "--end-of-options", base, head)
+	}, append([]string{"--git-dir=" + gitDir, "diff", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv",
+		"--end-of-options", base, head, "--"}, paths...)...)
 	if err != nil {
-		return "", false, fmt.Errorf("diff: %w", err)
+		return "", false, 0, fmt.Errorf("diff: %w", err)
 	}
 	if len(b) > max {
-		return string(b[:max]), true, nil
+		return string(b[:max]), true, hidden, nil
 	}
-	return string(b), false, nil
+	return string(b), truncated, hidden, nil
+}
+
+// deniedPath reports whether any component of a slash-separated path is a denied name.
+func deniedPath(p string) bool {
+	for _, c := range strings.Split(p, "/") {
+		if DeniedName(c) {
+			return true
+		}
+	}
+	return false
 }
