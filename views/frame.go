@@ -56,5 +56,8 @@ func Nav(f Frame) []NavItem {
 			NavItem{Key: "audit", Label: "Audit", Href: base + "/audit"},
 		)
 	}
+	if f.IsAdmin {
+		items = append(items, NavItem{Key: "admin-nodes", Label: "Nodes", Href: "/admin/nodes"})
+	}
 	return items
 }
