@@ -255,8 +255,8 @@ func (s *Server) createAttempts(ctx context.Context, r *http.Request, a access, 
 			if err != nil {
 				return err
 			}
-			if _, err := s.jobs.InsertTx(ctx, tx, jobs.ProvisionArgs{RunID: run.ID}, nil); err != nil {
-				return err
+			if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.ProvisionArgs{RunID: run.ID}); err != nil {
+				return nodeUnavailable(err)
 			}
 		}
 		return s.auditTx(ctx, tx, r, a, "attempts.created", "task", taskID, map[string]any{"group_id": g.ID,

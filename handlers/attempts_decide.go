@@ -236,8 +236,8 @@ func (s *Server) discardAttempt(ctx context.Context, tx pgx.Tx, r *http.Request,
 		return err
 	}
 	args.Generation = ws.Generation
-	if _, err := s.jobs.InsertTx(ctx, tx, args, nil); err != nil {
-		return err
+	if _, err := jobs.Enqueue(ctx, s.jobs, tx, args); err != nil {
+		return nodeUnavailable(err)
 	}
 	return s.auditTx(ctx, tx, r, a, "execution_workspace.close_requested", "execution_workspace", ws.ID,
 		map[string]any{"generation": ws.Generation, "reason": "attempt discarded", "rescue_ref": rescue,
