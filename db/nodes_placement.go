@@ -104,10 +104,3 @@ func SetRunNode(ctx context.Context, q Querier, id, node string) error {
 func SetupSessionNode(ctx context.Context, q Querier, id string) (string, error) {
 	return placementNode(ctx, q, "setup session", `SELECT node_id FROM image_setup_sessions WHERE id = $1`, id)
 }
-
-// SetupSessionWorkNode is the node holding setup session id's scratch layer when that node works
-// jobs (so its capture can run there); "" otherwise (any node: a web-only node runs no jobs).
-func SetupSessionWorkNode(ctx context.Context, q Querier, id string) (string, error) {
-	return placementNode(ctx, q, "setup session", `SELECT coalesce(n.id, '') FROM image_setup_sessions s
-		LEFT JOIN nodes n ON n.id = s.node_id AND n.works AND n.taken_over_at IS NULL WHERE s.id = $1`, id)
-}
