@@ -69,8 +69,7 @@ func Enqueue(ctx context.Context, ins Inserter, tx pgx.Tx, args river.JobArgs) (
 //     NodeUnavailableError: nothing could run it (close the workspace, or restart the node).
 //   - execute_run, finalize: the run's node (it prepared the workspace there);
 //   - runtime services: the service's workspace's node; close, reopen: the workspace's node;
-//   - cleanup_lease: the run's node while it lives, any node after its takeover;
-//   - capture_image: the node holding the session's scratch layer, when it works jobs.
+//   - cleanup_lease: the run's node while it lives, any node after its takeover.
 func Place(ctx context.Context, q pgx.Tx, args river.JobArgs) (string, error) {
 	switch a := args.(type) {
 	case ProvisionArgs:
@@ -87,8 +86,6 @@ func Place(ctx context.Context, q pgx.Tx, args river.JobArgs) (string, error) {
 		return db.WorkspaceNode(ctx, q, a.WorkspaceID)
 	case CleanupLeaseArgs:
 		return db.LeaseCleanupNode(ctx, q, a.LeaseID)
-	case CaptureImageArgs:
-		return db.SetupSessionWorkNode(ctx, q, a.SessionID)
 	}
 	return "", nil
 }
