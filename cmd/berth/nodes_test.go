@@ -530,3 +530,36 @@ func (c *nodeCluster) dumpOnFailure() {
 		rows.Close()
 	}
 }
+
+// TestNodeTimingAndInternalURL: the node intervals default to DESIGN §11's and refuse nonsense;
+// the internal URL is the configured one or http://addr, with a wildcard host named by the host.
+func TestNodeTimingAndInternalURL(t *testing.T) {
+	t.Parallel()
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	d, err := nodeTiming(env(nil))
+	if err != nil || d.Heartbeat != 5*time.Second || d.DeadAfter != 30*time.Second || d.Takeover != 10*time.Second {
+		t.Fatalf("defaults: %+v %v", d, err)
+	}
+	if d, err := nodeTiming(env(nodeTimingVars)); err != nil || d.DeadAfter != 3*time.Second {
+		t.Fatalf("test timing: %+v %v", d, err)
+	}
+	for _, bad := range []map[string]string{{"BERTH_NODE_HEARTBEAT": "soon"}, {"BERTH_NODE_DEAD_AFTER": "1ms"},
+		{"BERTH_NODE_HEARTBEAT": "20s"}} {
+		if _, err := nodeTiming(env(bad)); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+	host, _ := os.Hostname()
+	for _, tc := range []struct{ configured, addr, want string }{
+		{"", "127.0.0.1:9000", "http://127.0.0.1:9000"},
+		{"", "0.0.0.0:9000", "http://" + net.JoinHostPort(host, "9000")},
+		{"https://w1.internal:9443/", "0.0.0.0:9000", "https://w1.internal:9443"},
+	} {
+		if got, err := internalURL(tc.configured, tc.addr); err != nil || got != tc.want {
+			t.Errorf("internalURL(%q, %q) = %q %v, want %q", tc.configured, tc.addr, got, err, tc.want)
+		}
+	}
+	if _, err := internalURL("w1:9000", "0.0.0.0:9000"); err == nil {
+		t.Error("a URL without a scheme was accepted")
+	}
+}
