@@ -26,6 +26,7 @@ type Events struct {
 	ring []hubEvent // the last len(ring) events, ring[seq % len]
 	subs map[*subscriber]struct{}
 
+	closed    bool // guarded by mu: Close was called; new streams end at once
 	listening atomic.Bool
 	published atomic.Uint64
 	dropped   atomic.Uint64
@@ -128,6 +129,10 @@ func (h *Events) subscribe(s *subscriber, cursor string) (missed []hubEvent, res
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s.ch = make(chan hubEvent, h.buffer)
+	if h.closed {
+		close(s.ch) // the server is shutting down: the stream ends and its browser reconnects elsewhere
+		return nil, false
+	}
 	h.subs[s] = struct{}{}
 	if cursor == "" {
 		return nil, false
@@ -147,6 +152,18 @@ func (h *Events) subscribe(s *subscriber, cursor string) (missed []hubEvent, res
 		}
 	}
 	return missed, false
+}
+
+// Close ends every stream, now and later (http.Server.RegisterOnShutdown): Shutdown waits for
+// handlers to return, and a stream returns only when it is told to.
+func (h *Events) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for s := range h.subs {
+		delete(h.subs, s)
+		close(s.ch)
+	}
 }
 
 // unsubscribe removes a stream (no-op when the hub dropped it already).

@@ -253,4 +253,42 @@ func TestLivePagesBrowser(t *testing.T) {
 	if reqs, _ := log.since(n); len(reqs) != live {
 		t.Fatalf("resync: %d requests for %d live fragments: %v", len(reqs), live, reqs)
 	}
+
+	// The other live pages: each, open and idle, re-fetches its fragments when something it
+	// shows changes, and asks for nothing else.
+	var wsID, envID string
+	if err := re.pool.QueryRow(context.Background(), `SELECT execution_workspace_id, environment_id FROM runs WHERE id = $1`,
+		run2).Scan(&wsID, &envID); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ page, change, fragment string }{
+		{"/workspaces/" + wsID, `UPDATE execution_workspaces SET cleanup_reason = 'changed' WHERE id = '` + wsID + `'`,
+			"/workspaces/" + wsID + "?fragment=body"},
+		{"/leases", `UPDATE environment_leases SET cleanup_attempts = cleanup_attempts + 1 WHERE run_id = '` + run2 + `'`, "/leases"},
+		{"/environments/" + envID, `UPDATE environments SET updated_at = now() WHERE id = '` + envID + `'`, "/environments/" + envID},
+		{"/", `UPDATE tasks SET title = 'Renamed' WHERE id = '` + task.ID + `'`, "/"},
+	} {
+		if err := chromedp.Do(ctx, chromedp.Navigate(re.ts.URL+c.page), chromedp.WaitVisible(chromedp.CSS(`body.app`))); err != nil {
+			t.Fatal(err)
+		}
+		subscribed(c.page)
+		idle(c.page + " before the change")
+		_, n := log.since(0)
+		m := log.received()
+		if _, err := re.pool.Exec(context.Background(), c.change); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if reqs, _ := log.since(n); len(reqs) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no re-fetch after %s", c.page, c.change)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		idle(c.page + " after the change")
+		fragmentsOnly(c.page, n, m, c.fragment)
+	}
 }

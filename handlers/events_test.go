@@ -294,3 +294,34 @@ func TestEventFilter(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsClose: closing the hub (server shutdown) ends open streams and refuses new ones, so
+// http.Server.Shutdown does not wait on them.
+func TestEventsClose(t *testing.T) {
+	t.Parallel()
+	e := setupLive(t)
+	c := e.browser(e.r.Viewer)
+	open := e.stream(c, "", nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for e.events.Subscribers() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("not subscribed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.events.Close()
+	for _, ch := range []<-chan sseEvent{open, e.stream(c, "", nil)} {
+		timeout := time.After(10 * time.Second)
+	drain:
+		for {
+			select {
+			case _, ok := <-ch:
+				if !ok {
+					break drain
+				}
+			case <-timeout:
+				t.Fatal("a stream did not end after Close")
+			}
+		}
+	}
+}

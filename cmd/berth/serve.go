@@ -198,6 +198,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          nil,
 	}
+	hs.RegisterOnShutdown(events.Close) // end the live pages' streams: Shutdown waits for handlers
 	log.Info("berth serving", "addr", ln.Addr().String(), "workers", c.Workers, "startup_ms", time.Since(started).Milliseconds())
 	fmt.Fprintf(stdout, "\nBerth is running at %s\n", c.BaseURL)
 	if admin.created {
