@@ -1,0 +1,50 @@
+package db_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"berth/db"
+)
+
+// TestReceiptSignature: a signed receipt verifies under its key only; re-indenting it does not
+// matter (the signature covers the canonical JSON), any changed value, an added member or a
+// missing signature does; the derived key is not the secret key.
+func TestReceiptSignature(t *testing.T) {
+	t.Parallel()
+	secret := bytes.Repeat([]byte{7}, 32)
+	key := db.DeriveReceiptKey(secret)
+	if bytes.Equal(key, secret) || len(key) != 32 {
+		t.Fatal("the receipt key is not derived")
+	}
+	exit, digest := 0, "sha256:abc"
+	doc, err := db.SignReceipt(key, db.Receipt{RunID: "r", TaskID: "t", Command: "echo <a> & b", ExitCode: &exit,
+		Status: "succeeded", FinalTreeDigest: &digest, NodeID: "n", Disposition: db.DispositionCommitted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := db.VerifyReceipt(key, doc); err != nil || rc.Command != "echo <a> & b" {
+		t.Fatalf("verify = %+v, %v", rc, err)
+	}
+	if _, err := db.VerifyReceipt(key, bytes.ReplaceAll(doc, []byte("\n  "), []byte(" "))); err != nil {
+		t.Fatalf("re-indented: %v", err)
+	}
+	bad := map[string][]byte{
+		"other key":      nil,
+		"changed value":  bytes.Replace(doc, []byte(`"sha256:abc"`), []byte(`"sha256:abd"`), 1),
+		"added member":   bytes.Replace(doc, []byte(`{`), []byte(`{"extra": 1,`), 1),
+		"no signature":   bytes.Replace(doc, []byte(`"signature": "hmac-sha256:`), []byte(`"signature": "x`), 1),
+		"not an object":  []byte(`[1]`),
+		"trailing bytes": append(append([]byte{}, doc...), []byte(`{}`)...),
+	}
+	for name, d := range bad {
+		k := key
+		if d == nil {
+			d, k = doc, db.DeriveReceiptKey(bytes.Repeat([]byte{8}, 32))
+		}
+		if _, err := db.VerifyReceipt(k, d); !errors.Is(err, db.ErrBadSignature) {
+			t.Errorf("%s: %v, want ErrBadSignature", name, err)
+		}
+	}
+}
