@@ -32,6 +32,13 @@ func RunNode(ctx context.Context, q Querier, id string) (string, error) {
 	return placementNode(ctx, q, "run", `SELECT node_id FROM runs WHERE id = $1`, id)
 }
 
+// RunFinalizeNode is where run id's finalize must run: its node when it has a workspace there,
+// else any node (nothing of it is on a disk).
+func RunFinalizeNode(ctx context.Context, q Querier, id string) (string, error) {
+	return placementNode(ctx, q, "run", `SELECT CASE WHEN execution_workspace_id IS NULL THEN '' ELSE node_id END
+		FROM runs WHERE id = $1`, id)
+}
+
 // WorkspaceNode is the node whose disk holds execution workspace id.
 func WorkspaceNode(ctx context.Context, q Querier, id string) (string, error) {
 	return placementNode(ctx, q, "execution workspace", `SELECT node_id FROM execution_workspaces WHERE id = $1`, id)
@@ -103,4 +110,11 @@ func SetRunNode(ctx context.Context, q Querier, id, node string) error {
 // SetupSessionNode is the node holding setup session id's shell ("" when unknown).
 func SetupSessionNode(ctx context.Context, q Querier, id string) (string, error) {
 	return placementNode(ctx, q, "setup session", `SELECT node_id FROM image_setup_sessions WHERE id = $1`, id)
+}
+
+// SetupSessionWorkNode is the node holding setup session id's scratch layer when that node works
+// jobs (so its capture can run there); "" otherwise (any node: a web-only node runs no jobs).
+func SetupSessionWorkNode(ctx context.Context, q Querier, id string) (string, error) {
+	return placementNode(ctx, q, "setup session", `SELECT coalesce(n.id, '') FROM image_setup_sessions s
+		LEFT JOIN nodes n ON n.id = s.node_id AND n.works AND n.taken_over_at IS NULL WHERE s.id = $1`, id)
 }

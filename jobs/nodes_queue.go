@@ -67,9 +67,11 @@ func Enqueue(ctx context.Context, ins Inserter, tx pgx.Tx, args river.JobArgs) (
 //   - provision: the node holding the workspace the run continues in (the run is placed there
 //     too); a new workspace: any node. A continuing workspace whose node has been taken over is a
 //     NodeUnavailableError: nothing could run it (close the workspace, or restart the node).
-//   - execute_run, finalize: the run's node (it prepared the workspace there);
+//   - execute_run, finalize: the run's node (it prepared the workspace there); a finalize of a
+//     run that never got a workspace: any node;
 //   - runtime services: the service's workspace's node; close, reopen: the workspace's node;
-//   - cleanup_lease: the run's node while it lives, any node after its takeover.
+//   - cleanup_lease: the run's node while it lives, any node after its takeover;
+//   - capture_image: the node holding the session's scratch layer, when it works jobs.
 func Place(ctx context.Context, q pgx.Tx, args river.JobArgs) (string, error) {
 	switch a := args.(type) {
 	case ProvisionArgs:
@@ -77,7 +79,7 @@ func Place(ctx context.Context, q pgx.Tx, args river.JobArgs) (string, error) {
 	case ExecuteRunArgs:
 		return db.RunNode(ctx, q, a.RunID)
 	case FinalizeArgs:
-		return db.RunNode(ctx, q, a.RunID)
+		return db.RunFinalizeNode(ctx, q, a.RunID)
 	case RuntimeServiceArgs:
 		return db.ServiceNode(ctx, q, a.ServiceID)
 	case CloseWorkspaceArgs:
@@ -86,6 +88,8 @@ func Place(ctx context.Context, q pgx.Tx, args river.JobArgs) (string, error) {
 		return db.WorkspaceNode(ctx, q, a.WorkspaceID)
 	case CleanupLeaseArgs:
 		return db.LeaseCleanupNode(ctx, q, a.LeaseID)
+	case CaptureImageArgs:
+		return db.SetupSessionWorkNode(ctx, q, a.SessionID)
 	}
 	return "", nil
 }

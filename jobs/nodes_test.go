@@ -51,6 +51,8 @@ func TestTakeOverDeadNode(t *testing.T) {
 	liveRun := w.run(db.RunRunning, "live1", time.Second)
 	w.job(ExecuteRunArgs{RunID: deadRun}, "dead1@0a0b0c0d0e0f", time.Second)
 	w.job(ExecuteRunArgs{RunID: liveRun}, "live1@0a0b0c0d0e0f", time.Second)
+	queued := w.run(db.RunQueued, "dead1", time.Second) // placed on dead1, its provision waiting there
+	w.job(ProvisionArgs{RunID: queued}, "", 0)
 	dr := w.runRow(deadRun)
 	lease, err := db.AcquireLease(ctx, w.pool, db.LeaseRequest{CompanyID: w.company, EnvironmentID: w.env,
 		ExecutionWorkspaceID: dr.ExecutionWorkspaceID, RunID: deadRun, TTL: time.Hour})
@@ -82,6 +84,12 @@ func TestTakeOverDeadNode(t *testing.T) {
 	}
 	if r := w.runRow(deadRun); r.Status != db.RunFailed || r.ErrorCode != codeOrphaned || !strings.Contains(r.ErrorMessage, "dead1") {
 		t.Errorf("dead node's run: %s %s %q", r.Status, r.ErrorCode, r.ErrorMessage)
+	}
+	if r := w.runRow(queued); r.Status != db.RunFailed || r.ErrorCode != codeOrphaned {
+		t.Errorf("dead node's queued run: %s %s", r.Status, r.ErrorCode)
+	}
+	if c := w.count(`SELECT count(*) FROM river_job WHERE kind = 'finalize' AND queue = 'default' AND args->>'run_id' = $1`, queued); c != 1 {
+		t.Errorf("finalize of a run without a workspace is not on the shared queue (%d)", c)
 	}
 	if r := w.runRow(liveRun); r.Status != db.RunRunning {
 		t.Errorf("live node's run: %s", r.Status)
