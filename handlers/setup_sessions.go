@@ -286,7 +286,7 @@ func (s *Server) endSetupSession(r *http.Request, p *principal, id string, finis
 			return err
 		}
 		if finish {
-			if _, err := s.jobs.InsertTx(ctx, tx, jobs.CaptureImageArgs{CompanyID: a.Company.ID, SessionID: id}, nil); err != nil {
+			if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.CaptureImageArgs{CompanyID: a.Company.ID, SessionID: id}); err != nil {
 				return fmt.Errorf("enqueue capture: %w", err)
 			}
 		}
