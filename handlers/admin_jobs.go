@@ -38,6 +38,7 @@ func (s *Server) adminRoutes(mux *http.ServeMux, ui http.Handler) {
 	if ui == nil {
 		return
 	}
+	ui = s.withBackLink(ui)
 	guard := s.page(func(w http.ResponseWriter, r *http.Request, p *principal) error {
 		if !p.User.IsInstanceAdmin {
 			return errNotFound
@@ -63,5 +64,5 @@ func (s *Server) unmanagedPage(w http.ResponseWriter, r *http.Request, p *princi
 	for _, u := range reports {
 		rows = append(rows, views.UnmanagedRow{Node: u.Node, At: u.At, Unmanaged: u.Unmanaged, Unrecorded: u.Unrecorded})
 	}
-	return s.render(w, r, views.UnmanagedPage(s.frame(r, "Unmanaged directories", ""), rows))
+	return s.render(w, r, views.UnmanagedPage(s.frame(r, "Unmanaged directories", "admin-workspaces"), rows))
 }

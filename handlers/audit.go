@@ -128,8 +128,14 @@ func (s *Server) auditPage(w http.ResponseWriter, r *http.Request, p *principal)
 		return err
 	}
 	d := views.AuditData{CompanyID: a.Company.ID, Actor: q.Filter.Actor, Action: q.Filter.Action, Target: q.Filter.Target}
+	names, err := s.auditTargetNames(r.Context(), events) // labels.go
+	if err != nil {
+		return err
+	}
 	for _, e := range events {
-		d.Events = append(d.Events, auditRow(e))
+		row := auditRow(e)
+		row.TargetName, row.TargetHref = auditTargetLink(e, names)
+		d.Events = append(d.Events, row)
 	}
 	if next != "" {
 		d.NextURL = auditPageURL(a.Company.ID, q, next)

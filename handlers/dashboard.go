@@ -52,12 +52,23 @@ func (s *Server) dashboardData(ctx context.Context, p *principal) (views.Dashboa
 	if err != nil {
 		return views.DashboardData{}, err
 	}
+	names, err := s.auditTargetNames(ctx, events) // labels.go
+	if err != nil {
+		return views.DashboardData{}, err
+	}
 	for _, e := range events {
 		actor := e.ActorLabel
 		if actor == "" {
 			actor = e.ActorType
 		}
-		d.Activity = append(d.Activity, views.ActivityRow{At: e.At, Actor: actor, Action: strings.ReplaceAll(e.Action, ".", " "), Target: auditTarget(e)})
+		row := views.ActivityRow{At: e.At, Actor: actor, Action: strings.ReplaceAll(e.Action, ".", " "), Target: auditTarget(e)}
+		if name, href := auditTargetLink(e, names); href != "" {
+			row.Href = href
+			if name != "" {
+				row.Target = name
+			}
+		}
+		d.Activity = append(d.Activity, row)
 	}
 	return d, nil
 }

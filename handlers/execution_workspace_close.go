@@ -103,6 +103,13 @@ func (s *Server) evaluateClose(ctx context.Context, q db.Querier, ws db.Executio
 	}
 	snap.Workspace = cw
 	rd := workspace.EvaluateClose(snap)
+	if rd.Git != nil && rd.Git.Readable && snap.Git != nil && ws.BaseCommit != "" {
+		if root, err := s.workspaces.Root(ws.Ref); err == nil {
+			if n, err := s.workspaces.CommitsSince(ctx, root, ws.BaseCommit); err == nil {
+				rd.Git.CommitsSinceBase = &n
+			}
+		}
+	}
 	args := jobs.CloseWorkspaceArgs{CompanyID: ws.CompanyID, WorkspaceID: ws.ID, EnvironmentID: plan.EnvironmentID}
 	for _, act := range rd.PlannedActions {
 		switch act.Kind {
@@ -386,17 +393,19 @@ func (s *Server) workspaceFormAction(closing bool) func(http.ResponseWriter, *ht
 			gen = &g
 		}
 		confirm := boolParam(form.Get("confirm_destructive"))
+		var accepted db.ExecutionWorkspace
 		if closing {
-			_, _, err = s.closeWorkspace(ctx, r, a, id, confirm, gen)
+			accepted, _, err = s.closeWorkspace(ctx, r, a, id, confirm, gen)
 		} else {
-			_, _, err = s.reopenWorkspace(ctx, r, a, id, gen)
+			accepted, _, err = s.reopenWorkspace(ctx, r, a, id, gen)
 		}
 		he, refused := formRefusal(err)
 		if err != nil && !refused {
 			return err
 		}
 		if err == nil {
-			http.Redirect(w, r, "/workspaces/"+id, http.StatusSeeOther)
+			flash := views.WorkspaceActionFlash(closing, accepted.Mode, accepted.Strategy, accepted.Status)
+			http.Redirect(w, r, withFlash("/workspaces/"+id, flash), http.StatusSeeOther)
 			return nil
 		}
 		ws, err := db.ExecutionWorkspaceByID(ctx, s.pool, a.Company.ID, id)

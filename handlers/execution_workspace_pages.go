@@ -103,9 +103,18 @@ func (s *Server) workspacePageData(ctx context.Context, a access, ws db.Executio
 	var plan workspace.Plan
 	if json.Unmarshal(ws.Plan, &plan) == nil {
 		d.PlanMode, d.PlanStrategy, d.PlanBranch, d.PlanHostScripts = plan.Mode, plan.Strategy, plan.Branch, plan.HostScriptsAllowed
-		for _, t := range plan.Trace {
-			d.Trace = append(d.Trace, views.PlanStep{Rule: t.Rule, Effect: t.Effect, Reason: t.Reason})
+		envs, err := db.EnvironmentSummaries(ctx, s.pool, a.Company.ID)
+		if err != nil {
+			return d, err
 		}
+		d.Trace = planSteps(plan.Trace, func(id string) string {
+			for _, e := range envs {
+				if e.ID == id {
+					return views.EnvironmentLabel(e.Name, e.Driver)
+				}
+			}
+			return ""
+		}, "")
 	}
 	ops, err := db.WorkspaceOperationsPage(ctx, s.pool, a.Company.ID, ws.ID, db.OperationCursor{}, maxPageLimit, 16<<10)
 	if err != nil {
@@ -196,7 +205,8 @@ func readinessView(r readinessJSON) views.WorkspaceReadinessView {
 		v.LinkedTasks = append(v.LinkedTasks, views.WorkspaceLinkedTask{ID: t.ID, Key: t.Key, Status: t.Status, Open: t.Open})
 	}
 	if g := r.Git; g != nil {
-		v.Git = &views.WorkspaceGit{Dirty: g.Dirty, Untracked: g.Untracked, Ahead: g.Ahead, Behind: g.Behind, Merged: g.Merged, Readable: g.Readable}
+		v.Git = &views.WorkspaceGit{Dirty: g.Dirty, Untracked: g.Untracked, Ahead: g.Ahead, Behind: g.Behind, Merged: g.Merged, Readable: g.Readable,
+			SinceBase: g.CommitsSinceBase}
 	}
 	for _, act := range r.PlannedActions {
 		v.Actions = append(v.Actions, views.WorkspaceAction{Kind: act.Kind, Label: act.Label, Command: act.Command})

@@ -105,7 +105,7 @@ func (s *Server) leasesPage(w http.ResponseWriter, r *http.Request, p *principal
 	if next != "" {
 		d.NextURL = leasesPageURL(q, next)
 	}
-	return s.render(w, r, views.LeasesPage(s.frame(r, "Leases", "leases"), d))
+	return s.render(w, r, views.LeasesPage(s.leasesFrame(r, p, companies, q.CompanyID), d))
 }
 
 // readableCompanies lists every company the user may read, by slug: their memberships, or all

@@ -107,12 +107,17 @@ func taskFragmentRequest(r *http.Request) bool {
 func planView(s db.PlanSnapshot, p workspace.Plan) views.PlanView {
 	v := views.PlanView{TaskID: s.Task.ID, Mode: p.Mode, Strategy: p.Strategy, Branch: p.Branch,
 		HostScripts: p.HostScriptsAllowed, Services: p.ServicesAllowed, Blocked: p.Blocked}
-	if p.EnvironmentID != "" {
-		v.Environment = p.EnvironmentID
+	envName := func(id string) string {
 		for _, e := range s.Environments {
-			if e.ID == p.EnvironmentID {
-				v.Environment = e.Name + " (" + e.Driver + ")"
+			if e.ID == id {
+				return views.EnvironmentLabel(e.Name, e.Driver)
 			}
+		}
+		return ""
+	}
+	if p.EnvironmentID != "" {
+		if v.Environment = envName(p.EnvironmentID); v.Environment == "" {
+			v.Environment = "an environment that is gone"
 		}
 	}
 	if p.ReuseWorkspaceID != "" {
@@ -124,9 +129,7 @@ func planView(s db.PlanSnapshot, p workspace.Plan) views.PlanView {
 	for _, b := range p.Blockers {
 		v.Blockers = append(v.Blockers, views.PlanBlocker{Code: b.Code, Message: b.Message, Fix: b.Fix})
 	}
-	for _, t := range p.Trace {
-		v.Trace = append(v.Trace, views.PlanStep{Rule: t.Rule, Effect: t.Effect, Reason: t.Reason})
-	}
+	v.Trace = planSteps(p.Trace, envName, v.ReuseWorkspace)
 	return v
 }
 

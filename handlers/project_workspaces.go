@@ -112,8 +112,9 @@ func (s *Server) sourceAllowed(a access, f db.ProjectWorkspaceFields) error {
 	if !workspace.SourceIsLocal(f.SourceType, f.Source) || a.Admin || workspace.SourceWithin(f.Source, s.sourceRoots) {
 		return nil
 	}
-	return invalid(map[string]string{"source": "Local paths outside the allowed source roots can only be set by an " +
-		"instance administrator; use a git URL, or ask an administrator to add the path."})
+	return invalid(map[string]string{"source": "This local repository is outside the directories board members may use. " +
+		"An instance administrator can add it (or a parent directory) to BERTH_SOURCE_ROOTS and restart Berth, " +
+		"or set this source themselves; a file:// URL is a local path too."})
 }
 
 // projectWorkspaceParent loads a workspace's project and refuses changes when it is archived.

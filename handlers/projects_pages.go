@@ -7,6 +7,7 @@ import (
 
 	"berth/db"
 	"berth/views"
+	"berth/workspace"
 )
 
 // Project pages and forms: a company's projects list with the new-project form, a project's page
@@ -38,7 +39,7 @@ func (s *Server) projectsPageData(r *http.Request, a access) (views.ProjectsPage
 	d := views.ProjectsPageData{CompanyID: a.Company.ID, NextCursor: page.next, Paged: r.URL.Query().Get("cursor") != "",
 		CanManage: a.canManage(), HasEnvironments: len(envs) > 0,
 		Form: views.ProjectForm{CompanyID: a.Company.ID, Values: projectFormValuesOf(db.Project{
-			Policy: projectPolicyInput{}.normalize()}), Environments: envs}}
+			Policy: projectPolicyInput{DefaultMode: workspace.ModeIsolated}.normalize()}), Environments: envs}}
 	if len(envs) == 1 {
 		d.Form.Values.EnvironmentID = envs[0].ID // the only choice is the likely one
 	}
@@ -206,7 +207,7 @@ func (s *Server) updateProjectForm(w http.ResponseWriter, r *http.Request, p *pr
 	if err != nil {
 		return err
 	}
-	redirectAfterForm(w, r, "/projects/"+id)
+	redirectAfterForm(w, r, withFlash("/projects/"+id, "project_saved"))
 	return nil
 }
 

@@ -17,15 +17,19 @@ func (s *Server) frame(r *http.Request, title, active string) views.Frame {
 		Version: s.version,
 		Events:  liveFrom(r), // the page's /events URL when its handler made it live (events_pages.go)
 		Assets: views.AssetURLs{
-			CSS:  s.assets.URL("css/app.css"),
-			HTMX: s.assets.URL("vendor/htmx.min.js"),
-			SSE:  s.sseAsset(),
-			App:  s.assets.URL("js/app.js"),
+			CSS:     s.assets.URL("css/app.css"),
+			HTMX:    s.assets.URL("vendor/htmx.min.js"),
+			SSE:     s.sseAsset(),
+			App:     s.assets.URL("js/app.js"),
+			Favicon: s.assets.URL("favicon.svg"),
 		},
 	}
 	if p := principalFrom(r.Context()); p != nil && p.Via == "session" {
 		f.Email = p.User.Email
 		f.IsAdmin = p.User.IsInstanceAdmin
+	}
+	if !isHTMX(r) || r.Header.Get("HX-History-Restore-Request") == "true" {
+		f.Flash = views.FlashMessage(r.URL.Query().Get("flash")) // flash.go; fragments never show it
 	}
 	return f
 }

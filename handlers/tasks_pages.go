@@ -112,6 +112,7 @@ func (s *Server) taskListPage(w http.ResponseWriter, r *http.Request, p *princip
 		return err
 	}
 	if fragment {
+		d.Embedded = r.Header.Get("HX-Target") == "tasks" // the project page's section, not the list's own filters
 		return s.render(w, r, views.TaskList(d))
 	}
 	return s.render(w, r, views.TaskListPage(s.companyFrame(r, a, "Tasks · "+project.Name, "projects"), d))
@@ -250,6 +251,6 @@ func (s *Server) updateTaskForm(w http.ResponseWriter, r *http.Request, p *princ
 	case err != nil:
 		return err
 	}
-	http.Redirect(w, r, "/tasks/"+id, http.StatusSeeOther)
+	http.Redirect(w, r, withFlash("/tasks/"+id, "task_saved"), http.StatusSeeOther)
 	return nil
 }

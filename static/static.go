@@ -21,7 +21,7 @@ import (
 	"time"
 )
 
-//go:embed css js all:vendor
+//go:embed css js favicon.svg all:vendor
 var embedded embed.FS
 
 // Prefix is the URL path under which Handler must be mounted.

@@ -4,7 +4,9 @@ package views
 
 // Frame is what every full page needs besides its own content.
 type Frame struct {
-	Title   string
+	Title string
+	// Flash is the one-time confirmation of the form that led here ("" when none).
+	Flash   string
 	Active  string // nav key of the current section: "dashboard", "projects", "environments", …
 	Email   string // signed-in user's email; empty on public pages
 	IsAdmin bool
@@ -29,10 +31,11 @@ type CompanyNav struct {
 
 // AssetURLs are the content-hashed URLs of the front-end files a page loads.
 type AssetURLs struct {
-	CSS  string
-	HTMX string
-	App  string
-	SSE  string // htmx's SSE extension (htmx-ext-sse)
+	CSS     string
+	HTMX    string
+	App     string
+	Favicon string
+	SSE     string // htmx's SSE extension (htmx-ext-sse)
 }
 
 // NavItem is one entry of the top navigation.
@@ -42,12 +45,14 @@ type NavItem struct {
 	Href  string
 }
 
-// Nav is the top navigation: the dashboard, and the company's sections on a company page.
+// Nav is the top navigation: the dashboard, the company's sections on a company page (Leases
+// filtered to that company), and the instance admin's tools (River's job UI, unmanaged directories).
 func Nav(f Frame) []NavItem {
-	items := []NavItem{{Key: "dashboard", Label: "Dashboard", Href: "/"}, {Key: "leases", Label: "Leases", Href: "/leases"}}
+	items := []NavItem{{Key: "dashboard", Label: "Dashboard", Href: "/"}}
 	if c := f.Company; c != nil {
 		base := "/companies/" + c.ID
 		items = append(items,
+			NavItem{Key: "leases", Label: "Leases", Href: "/leases?company_id=" + c.ID},
 			NavItem{Key: "projects", Label: "Projects", Href: base},
 			NavItem{Key: "workspaces", Label: "Workspaces", Href: base + "/workspaces"},
 			NavItem{Key: "environments", Label: "Environments", Href: base + "/environments"},
@@ -55,9 +60,14 @@ func Nav(f Frame) []NavItem {
 			NavItem{Key: "members", Label: "Members", Href: base + "/members"},
 			NavItem{Key: "audit", Label: "Audit", Href: base + "/audit"},
 		)
+	} else {
+		items = append(items, NavItem{Key: "leases", Label: "Leases", Href: "/leases"})
 	}
 	if f.IsAdmin {
-		items = append(items, NavItem{Key: "admin-nodes", Label: "Nodes", Href: "/admin/nodes"})
+		items = append(items,
+			NavItem{Key: "admin-jobs", Label: "Jobs", Href: "/admin/jobs"},
+			NavItem{Key: "admin-workspaces", Label: "Unmanaged dirs", Href: "/admin/workspaces"},
+		)
 	}
 	return items
 }

@@ -698,11 +698,11 @@ func projectPolicyFields(form ProjectForm) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = projectOption("shared", "Shared", form.Values.DefaultMode).Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = projectOption("isolated", "Isolated: a worktree or copy per task", form.Values.DefaultMode).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = projectOption("isolated", "Isolated", form.Values.DefaultMode).Render(ctx, templ_7745c5c3_Buffer)
+			templ_7745c5c3_Err = projectOption("shared", "Shared: work in the directory itself", form.Values.DefaultMode).Render(ctx, templ_7745c5c3_Buffer)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -712,7 +712,7 @@ func projectPolicyFields(form ProjectForm) templ.Component {
 			}
 			return nil
 		})
-		templ_7745c5c3_Err = ProjectField("Default workspace mode", "policy-mode", "Shared: tasks work in the project workspace itself. Isolated: each task gets its own worktree or copy.", form.Errors["execution_policy.default_mode"]).Render(templ.WithChildren(ctx, templ_7745c5c3_Var31), templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = ProjectField("Default workspace mode", "policy-mode", "Isolated (recommended): each task works in its own git worktree on its own branch, or in a copy, and your checkout is never touched. Shared: tasks run directly in the project workspace's directory, editing your files in place with nothing committed.", form.Errors["execution_policy.default_mode"]).Render(templ.WithChildren(ctx, templ_7745c5c3_Var31), templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

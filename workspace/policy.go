@@ -3,6 +3,7 @@ package workspace
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -206,7 +207,7 @@ func ResolvePlan(in PlanInput) Plan {
 		p.trace("environment", "blocked", "environment %q is archived", env.Name)
 	default:
 		p.EnvironmentID = env.ID
-		p.trace("environment", "environment="+env.ID, "%s environment %q from the %s", env.Driver, env.Name, envSource)
+		p.trace("environment", "environment="+env.ID, "environment %s, chosen by the %s", envNameDriver(env.Name, env.Driver), envSource)
 		switch {
 		case env.Driver == "ssh" && !env.Qualified:
 			p.block(BlockEnvironmentUnqualified, fmt.Sprintf("SSH environment %q has not passed a probe since its last change.", env.Name),
@@ -271,7 +272,11 @@ func ResolvePlan(in PlanInput) Plan {
 	default:
 		p.HostScriptsAllowed = true
 		p.ServicesAllowed = true
-		p.trace("host_scripts", "allowed", "standard trust on a %s environment", orUnknown(env.Driver))
+		if found {
+			p.trace("host_scripts", "allowed", "standard trust, and %s runs commands outside a sandbox", envNameDriver(env.Name, env.Driver))
+		} else {
+			p.trace("host_scripts", "allowed", "standard trust; no environment is resolved yet")
+		}
 	}
 	if p.Blocked {
 		p.trace("result", "blocked", "%d blocker(s); nothing is provisioned until they are fixed", len(p.Blockers))
@@ -279,11 +284,13 @@ func ResolvePlan(in PlanInput) Plan {
 	return p
 }
 
-func orUnknown(s string) string {
-	if s == "" {
-		return "unknown"
+// envNameDriver names an environment for a trace line: its quoted name, with its driver only
+// when the name does not already say it ("local", not "local local").
+func envNameDriver(name, driver string) string {
+	if driver == "" || strings.EqualFold(name, driver) {
+		return strconv.Quote(name)
 	}
-	return s
+	return strconv.Quote(name) + " (" + driver + ")"
 }
 
 var branchUnsafe = regexp.MustCompile(`[^A-Za-z0-9._/-]+`)

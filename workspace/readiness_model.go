@@ -135,6 +135,9 @@ type CloseGit struct {
 	Behind    int  `json:"behind"`
 	Merged    bool `json:"merged"`
 	Readable  bool `json:"readable"`
+	// CommitsSinceBase counts HEAD's commits since the base commit recorded at creation (Ahead
+	// and Behind compare with the base branch as it is now); nil when it was not read.
+	CommitsSinceBase *int `json:"commits_since_base,omitempty"`
 }
 
 // RunningService is a service the close will stop.

@@ -208,6 +208,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		} else {
 			fmt.Fprintln(stdout, "  password:  the one in BERTH_ADMIN_PASSWORD")
 		}
+	} else {
+		printPasswordReset(stdout, c.AdminEmail)
 	}
 	fmt.Fprintln(stdout)
 

@@ -196,3 +196,15 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 	fmt.Fprintln(stdout, "migrations applied")
 	return nil
 }
+
+// printPasswordReset tells the operator of a restarted server (whose first admin exists, so no
+// login is printed) how to set a new admin password. The command runs beside the server, with the
+// same BERTH_DATA_DIR or DATABASE_URL.
+func printPasswordReset(w io.Writer, adminEmail string) {
+	email := db.NormalizeEmail(adminEmail)
+	if email == "" {
+		email = "admin@localhost"
+	}
+	fmt.Fprintln(w, "  sign in with your admin account. Lost its password? Set a new one (same BERTH_DATA_DIR or DATABASE_URL):")
+	fmt.Fprintf(w, "    echo 'a new long password' | berth user add --email %s --admin --update\n", email)
+}

@@ -21,6 +21,14 @@
 		];
 	}
 
+	// A page reached with ?flash=code shows its confirmation once (handlers/flash.go): drop the
+	// parameter from the address so a reload or a bookmark does not repeat it.
+	if (window.history && window.history.replaceState && /[?&]flash=/.test(window.location.search)) {
+		var url = new URL(window.location.href);
+		url.searchParams.delete("flash");
+		window.history.replaceState(window.history.state, "", url.pathname + url.search + url.hash);
+	}
+
 	// <form data-confirm="Delete this workspace?"> (or a submit button with
 	// data-confirm) asks before submitting. The capture phase runs before
 	// htmx's own submit listener, so this guards hx-post forms as well.

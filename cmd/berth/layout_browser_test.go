@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"berth/db/dbtest"
+	"berth/environment/jail/jailtest"
+)
+
+// The layout check (issue 15 item 4): every main page, at a desktop and a phone width, keeps its
+// content inside the viewport and inside its cards, has a title and links back to the dashboard.
+// Pages come from a demo install (`serve --demo`) after one real run, so each page has rows,
+// steps and logs to lay out, not just empty states.
+
+// layoutWidths are the widths every page is checked at: a desktop and a phone.
+var layoutWidths = []int64{1400, 390}
+
+// layoutProblemsJS opens every <details> (a step's log must not widen the page when expanded)
+// and returns what overflows: the document, or any .card, with the elements that stick out.
+// Content inside its own scroll box (a log's <pre>, a .table-wrap) scrolls there and is not an
+// overflow of the page.
+const layoutProblemsJS = `(() => {
+	document.querySelectorAll('details').forEach(d => { d.open = true; });
+	const scrolls = el => { const o = getComputedStyle(el).overflowX; return o === 'auto' || o === 'scroll' || o === 'hidden'; };
+	const name = el => el.tagName.toLowerCase() + (el.id ? '#' + el.id : '') +
+		(el.className && typeof el.className === 'string' ? '.' + el.className.trim().split(/\s+/).join('.') : '') +
+		' "' + (el.textContent || '').trim().slice(0, 40).replace(/\s+/g, ' ') + '"';
+	const culprits = box => {
+		const right = box === document.documentElement ? box.clientWidth : box.getBoundingClientRect().left + box.clientLeft + box.clientWidth;
+		const out = [];
+		for (const el of box.querySelectorAll('*')) {
+			let p = el.parentElement, inner = false;
+			while (p && p !== box) { if (scrolls(p)) { inner = true; break; } p = p.parentElement; }
+			if (inner) continue;
+			const r = el.getBoundingClientRect();
+			if (r.width > 0 && r.right > right + 1) out.push(name(el) + ' right=' + Math.round(r.right));
+			if (out.length >= 4) break;
+		}
+		return out.join('; ');
+	};
+	const problems = [];
+	const de = document.documentElement;
+	if (de.scrollWidth > de.clientWidth) {
+		problems.push('page is ' + de.scrollWidth + 'px wide in a ' + de.clientWidth + 'px viewport: ' + culprits(de));
+	}
+	document.querySelectorAll('.card').forEach((c, i) => {
+		if (c.scrollWidth > c.clientWidth + 1) {
+			const label = c.getAttribute('aria-label') || c.id || (c.querySelector('h2') || {}).textContent || ('#' + i);
+			problems.push('card "' + label.trim() + '" content is ' + c.scrollWidth + 'px in ' + c.clientWidth + 'px: ' + culprits(c));
+		}
+	});
+	if (!document.title.trim()) problems.push('the page has no title');
+	if (!document.querySelector('a[href="/"]')) problems.push('no link back to the dashboard');
+	return problems;
+})()`
+
+// demoServer is an in-process `berth serve --demo` on its own database.
+type demoServer struct {
+	Base    string
+	Vars    map[string]string // its environment, for CLI commands against the same database
+	DataDir string
+	Out     *syncBuffer // what serve printed
+}
+
+// serveDemoForBrowser runs `berth serve --demo` in-process on its own database: the install a
+// newcomer gets from `make run`.
+func serveDemoForBrowser(t *testing.T, extra map[string]string) demoServer {
+	t.Helper()
+	addr := freeAddr(t)
+	d := demoServer{Base: "http://" + addr, DataDir: jailtest.Dir(t), Out: &syncBuffer{}}
+	d.Vars = map[string]string{"DATABASE_URL": dbtest.ConnString(t), "BERTH_ADDR": addr, "BERTH_DATA_DIR": d.DataDir,
+		"BERTH_ADMIN_EMAIL": "admin@example.com", "BERTH_ADMIN_PASSWORD": "a long admin password", "BERTH_LOG_LEVEL": "warn"}
+	for k, v := range extra {
+		d.Vars[k] = v
+	}
+	startServe(t, d.Vars, d.Out)
+	waitHealthy(t, d.Base, time.Minute)
+	return d
+}
+
+// startServe runs `berth serve --demo` with vars until the test ends.
+func startServe(t *testing.T, vars map[string]string, out io.Writer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var errb syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve", "--demo"}, env(vars), strings.NewReader(""), out, &errb) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Error("serve did not stop")
+		}
+	})
+}
+
+// browserStep runs actions with a deadline; on failure it logs the page and fails the test.
+func browserStep(t *testing.T, ctx context.Context, name string, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	stepCtx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	if err := chromedp.Do(stepCtx, actions...); err != nil {
+		screenshot(t, ctx, "failed-"+name)
+		if html, herr := chromedp.Run(ctx, chromedp.OuterHTML(chromedp.CSS(`main`))); herr == nil {
+			t.Logf("page main:\n%s", html)
+		}
+		t.Fatalf("%s: %v", name, err)
+	}
+}
+
+// evalString evaluates a JavaScript expression that yields a string.
+func evalString(t *testing.T, ctx context.Context, js string) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+	if err != nil {
+		t.Fatalf("evaluate %s: %v", js, err)
+	}
+	return s
+}
+
+// hrefOf is the path of the first link matching sel on the current page ("" when none).
+func hrefOf(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	return evalString(t, ctx, fmt.Sprintf(`(() => { const a = document.querySelector(%q); return a ? a.getAttribute('href') : ''; })()`, sel))
+}
+
+// demoWithRun signs in to a demo install, gives the demo project a task with a long description
+// and a long command, runs it to the end and returns the paths of the pages that now exist.
+func demoWithRun(t *testing.T, ctx context.Context, base string) map[string]string {
+	t.Helper()
+	signIn(t, ctx, base, "admin@example.com", "a long admin password")
+	pages := map[string]string{"dashboard": "/", "leases": "/leases", "admin jobs": "/admin/jobs", "admin workspaces": "/admin/workspaces"}
+	company := hrefOf(t, ctx, `main a[href^="/companies/"]`)
+	if company == "" {
+		t.Fatal("the dashboard links no company")
+	}
+	pages["projects"] = company
+	pages["workspaces"] = company + "/workspaces"
+	pages["environments"] = company + "/environments"
+	pages["members"] = company + "/members"
+	pages["agents"] = company + "/agents"
+	pages["audit"] = company + "/audit"
+
+	browserStep(t, ctx, "projects", chromedp.Navigate(base+company), chromedp.WaitVisible(chromedp.CSS(`a[href^="/projects/"]`)))
+	pages["project"] = hrefOf(t, ctx, `main a[href^="/projects/"]`)
+	pages["tasks"] = pages["project"] + "/tasks"
+	browserStep(t, ctx, "project", chromedp.Navigate(base+pages["project"]), chromedp.WaitVisible(chromedp.CSS(`a[href^="/project-workspaces/"]`)))
+	pages["project workspace"] = hrefOf(t, ctx, `main a[href^="/project-workspaces/"]`)
+
+	long := strings.Repeat("averyveryverylongwordwithoutanybreaks", 4)
+	browserStep(t, ctx, "new task",
+		chromedp.Navigate(base+pages["tasks"]),
+		chromedp.WaitVisible(chromedp.CSS(`#new-task`)),
+		chromedp.SendKeys(chromedp.CSS(`#new-task-title`), "Print a very long line "+long),
+		chromedp.SendKeys(chromedp.CSS(`#new-task-description`), "A description with "+long+" in it, and more words after it."),
+		chromedp.SendKeys(chromedp.CSS(`#new-task-command`), "echo "+long+long+" && printf 'line two %s\\n' "+long),
+		chromedp.Click(chromedp.CSS(`#new-task button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#plan`)),
+	)
+	pages["task"] = strings.TrimPrefix(evalString(t, ctx, `location.pathname`), base)
+	browserStep(t, ctx, "run",
+		chromedp.Click(chromedp.CSS(`#runs button[type=submit]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#run-body`)),
+		chromedp.WaitVisible(chromedp.CSS(`#run-status.badge-ok`)),
+		chromedp.WaitVisible(chromedp.CSS(`#run-body a[href^="/workspaces/"]`)),
+	)
+	pages["run"] = evalString(t, ctx, `location.pathname`)
+	pages["workspace"] = hrefOf(t, ctx, `#run-body a[href^="/workspaces/"]`)
+	pages["files"] = pages["task"] + "/files"
+
+	browserStep(t, ctx, "environments", chromedp.Navigate(base+pages["environments"]), chromedp.WaitVisible(chromedp.CSS(`main a[href^="/environments/"]`)))
+	pages["environment"] = hrefOf(t, ctx, `main a[href^="/environments/"]`)
+	browserStep(t, ctx, "leases", chromedp.Navigate(base+"/leases"), chromedp.WaitVisible(chromedp.CSS(`main a[href^="/leases/"]`)))
+	pages["lease"] = hrefOf(t, ctx, `main a[href^="/leases/"]`)
+	for name, p := range pages {
+		if p == "" {
+			t.Fatalf("found no link to the %s page", name)
+		}
+	}
+	return pages
+}
+
+// TestBrowserLayout is the layout check: every main page of a demo install after a run, at 1400
+// and 390 px, has nothing wider than the viewport or than its card, a title and a way back to
+// the dashboard.
+func TestBrowserLayout(t *testing.T) {
+	t.Parallel()
+	ctx := browser(t)
+	base := serveDemoForBrowser(t, nil).Base
+	pages := demoWithRun(t, ctx, base)
+
+	names := []string{"dashboard", "projects", "project", "project workspace", "tasks", "task", "run", "files",
+		"workspaces", "workspace", "leases", "lease", "environments", "environment", "members", "agents", "audit",
+		"admin workspaces", "admin jobs"}
+	if len(names) != len(pages) {
+		t.Fatalf("checking %d pages of %d", len(names), len(pages))
+	}
+	for _, width := range layoutWidths {
+		browserStep(t, ctx, "viewport", chromedp.EmulateViewport(width, 900))
+		for _, name := range names {
+			browserStep(t, ctx, name, chromedp.Navigate(base+pages[name]), chromedp.WaitReady(chromedp.CSS(`body`)))
+			if name == "admin jobs" { // River's UI renders itself in the browser
+				browserStep(t, ctx, name, chromedp.Sleep(500*time.Millisecond))
+			}
+			problems, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](layoutProblemsJS))
+			if err != nil {
+				t.Fatalf("%s at %dpx: %v", name, width, err)
+			}
+			screenshot(t, ctx, fmt.Sprintf("layout-%d-%s", width, strings.ReplaceAll(name, " ", "-")))
+			for _, p := range problems {
+				t.Errorf("%s (%s) at %dpx: %s", name, pages[name], width, p)
+			}
+		}
+	}
+	if os.Getenv("BERTH_SCREENSHOTS") != "" {
+		t.Logf("screenshots in %s", os.Getenv("BERTH_SCREENSHOTS"))
+	}
+}
