@@ -12,8 +12,6 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux := http.NewServeMux()
 
 	mux.Handle("GET /static/", http.StripPrefix("/static", s.assets.Handler()))
-	// Browsers that ask before reading the page's <link rel="icon"> get the hashed icon.
-	mux.Handle("GET /favicon.ico", http.RedirectHandler(s.assets.URL("favicon.svg"), http.StatusMovedPermanently))
 
 	mux.Handle("GET /login", s.handle(s.loginPage))
 	mux.Handle("POST /login", s.handle(s.login))
@@ -141,6 +139,9 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 
 	s.adminRoutes(mux, jobsUI)
 	mux.Handle("GET /admin/workspaces", s.page(s.unmanagedPage))
+	// Nodes (instance admins; anyone else 404; nodes.go).
+	mux.Handle("GET /api/nodes", s.api(s.nodesAPI))
+	mux.Handle("GET /admin/nodes", s.page(s.nodesPage))
 
 	// Runs (start and cancel: board members).
 	mux.Handle("POST /api/tasks/{id}/runs", s.api(s.createRunAPI))
@@ -184,6 +185,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /api/execution-workspaces/{id}/runtime-services/{action}", s.runAPI(s.runtimeServiceActionAPI))
 	mux.Handle("POST /workspaces/{id}/services/{name}/{action}", s.page(s.runtimeServiceForm))
 	previews := newPreviewProxy(s)
+	s.preview = previews // the internal listener serves forwarded previews through it
 	mux.Handle("/preview/{id}", previews)
 	mux.Handle("/preview/{id}/", previews)
 

@@ -37,13 +37,14 @@ type runJSON struct {
 	CreatedAt            time.Time  `json:"created_at"`
 	StartedAt            *time.Time `json:"started_at"`
 	FinishedAt           *time.Time `json:"finished_at"`
+	NodeID               *string    `json:"node_id"` // the node that holds it (docs/scaling.md)
 }
 
 func newRunJSON(r db.Run) runJSON {
 	return runJSON{ID: r.ID, TaskID: r.TaskID, Status: r.Status, ExitCode: r.ExitCode, ErrorCode: optional(r.ErrorCode),
 		ErrorMessage: optional(r.ErrorMessage), LeaseID: optional(r.LeaseID), ExecutionWorkspaceID: optional(r.ExecutionWorkspaceID),
 		TimeoutS: r.TimeoutS, CancelRequested: r.CancelRequested, LogBytes: r.LogBytes, LogTruncated: r.LogTruncated,
-		CreatedAt: r.CreatedAt.UTC(), StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt)}
+		CreatedAt: r.CreatedAt.UTC(), StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt), NodeID: optional(r.NodeID)}
 }
 
 // runRequest is the optional body of POST /api/tasks/{id}/runs, with the Idempotency-Key header.
@@ -189,8 +190,8 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 			}
 			return s.auditTx(ctx, tx, r, a, "run.blocked", "run", run.ID, map[string]any{"task_id": taskID, "blocker": code})
 		}
-		if _, err := s.jobs.InsertTx(ctx, tx, jobs.ProvisionArgs{RunID: run.ID}, nil); err != nil {
-			return err
+		if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.ProvisionArgs{RunID: run.ID}); err != nil {
+			return nodeUnavailable(err)
 		}
 		return s.auditTx(ctx, tx, r, a, "run.created", "run", run.ID, map[string]any{"task_id": taskID})
 	})
@@ -398,12 +399,7 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request, p *principal) e
 	if isHTMX(r) && r.URL.Query().Get("fragment") == "run" {
 		return s.render(w, r, views.RunBody(v))
 	}
-	facts, err := s.runFactsOf(ctx, a.Company.ID, run, time.Now()) // run_title.go
-	if err != nil {
-		return err
-	}
-	v.Branch, v.Environment, v.Duration = facts.Branch, facts.Environment, facts.Duration
-	return s.render(w, r, views.RunPage(s.companyFrame(r, a, runTitle(task.Key, run.Status, facts), "projects"), v))
+	return s.render(w, r, views.RunPage(s.companyFrame(r, a, task.Key+" run", "projects"), v))
 }
 
 // createRunForm is POST /tasks/{id}/runs (board members): admits a run and goes to its page; a
