@@ -67,6 +67,7 @@ func Nav(f Frame) []NavItem {
 		items = append(items,
 			NavItem{Key: "admin-jobs", Label: "Jobs", Href: "/admin/jobs"},
 			NavItem{Key: "admin-workspaces", Label: "Unmanaged dirs", Href: "/admin/workspaces"},
+			NavItem{Key: "admin-nodes", Label: "Nodes", Href: "/admin/nodes"},
 		)
 	}
 	return items
