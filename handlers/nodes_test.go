@@ -306,3 +306,85 @@ func TestCloseOnDeadNode(t *testing.T) {
 		t.Errorf("a viewer's close: %d", code)
 	}
 }
+
+// TestTerminalForwardedToOwningNode: a setup session's terminal WebSocket reaching a web node
+// that does not hold the session's shell is passed, signed, to the owning node's internal
+// listener and switches protocols through it; the Origin check still comes first.
+func TestTerminalForwardedToOwningNode(t *testing.T) {
+	t.Parallel()
+	e := setup(t, func(d *Deps) { d.Nodes = &Nodes{Self: "web", Key: nodeTestKey, DeadAfter: 30 * time.Second} })
+	r := e.roles()
+	ctx := context.Background()
+	var env, sess string
+	if err := e.pool.QueryRow(ctx, `INSERT INTO environments (company_id, name, driver, config)
+		VALUES ($1, 'sb', 'sandbox', '{}') RETURNING id`, r.A.ID).Scan(&env); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.pool.QueryRow(ctx, `INSERT INTO image_setup_sessions (company_id, environment_id, base_version, status,
+			expires_at, node_id) VALUES ($1, $2, 1, 'waiting_for_user', now() + interval '1 hour', 'w9') RETURNING id`,
+		r.A.ID, env).Scan(&sess); err != nil {
+		t.Fatal(err)
+	}
+	// The owning node's internal listener, faked: it checks the signature and echoes raw bytes.
+	seen := make(chan string, 1)
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if !verifyNodeRequest(req, nodeTestKey, time.Now()) || req.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "refused", http.StatusUnauthorized)
+			return
+		}
+		seen <- req.URL.Path + " origin=" + req.Header.Get("Origin")
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		buf := make([]byte, 64)
+		for {
+			n, err := brw.Read(buf)
+			if err != nil {
+				return
+			}
+			conn.Write(buf[:n])
+		}
+	}))
+	t.Cleanup(owner.Close)
+	if err := db.RegisterNode(ctx, e.pool, db.NodeRegistration{ID: "w9", Kind: db.NodeServe, InternalURL: owner.URL, Works: true}); err != nil {
+		t.Fatal(err)
+	}
+	dial := func(origin string) (*http.Response, *bufio.Reader, net.Conn) {
+		t.Helper()
+		conn, err := net.Dial("tcp", e.ts.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(conn, "GET /api/image-setup-sessions/%s/terminal HTTP/1.1\r\nHost: %s\r\nOrigin: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+			sess, e.ts.Listener.Addr(), origin)
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, br, conn
+	}
+	if resp, _, _ := dial("http://evil.example"); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("cross-origin: %d, want 403 before any forwarding", resp.StatusCode)
+	}
+	resp, br, conn := dial(e.ts.URL)
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("forwarded upgrade: %d", resp.StatusCode)
+	}
+	if got := <-seen; got != "/internal/image-setup-sessions/"+sess+"/terminal origin="+e.ts.URL {
+		t.Errorf("the owner saw %q", got)
+	}
+	if _, err := conn.Write([]byte("keys")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "keys" {
+		t.Fatalf("echo through the web node = %q %v", buf, err)
+	}
+}
