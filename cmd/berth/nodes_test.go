@@ -45,6 +45,7 @@ type nodeCluster struct {
 	admin   string // an instance admin's API token
 	repo    string
 	procs   map[string]*worker
+	dirs    map[string]string // each node's data dir
 }
 
 // nodeTimingVars make dead-node takeover quick in tests (the defaults are DESIGN §11's).
@@ -54,7 +55,7 @@ var nodeTimingVars = map[string]string{"BERTH_NODE_HEARTBEAT": "500ms", "BERTH_N
 func newNodeCluster(t testing.TB) *nodeCluster {
 	t.Helper()
 	ctx := context.Background()
-	c := &nodeCluster{t: t, conn: dbtest.ConnString(t), procs: map[string]*worker{}}
+	c := &nodeCluster{t: t, conn: dbtest.ConnString(t), procs: map[string]*worker{}, dirs: map[string]string{}}
 	var key [32]byte
 	_, _ = rand.Read(key[:])
 	c.secret = hex.EncodeToString(key[:])
@@ -147,7 +148,12 @@ func (c *nodeCluster) git(args ...string) string {
 // start runs berth with args as node id, on the cluster's database with a data dir of its own.
 func (c *nodeCluster) start(id string, extra map[string]string, args ...string) *worker {
 	c.t.Helper()
-	vars := map[string]string{"DATABASE_URL": c.conn, "BERTH_DATA_DIR": jailtest.Dir(c.t), "BERTH_NODE_ID": id,
+	dir, ok := c.dirs[id] // a restarted node keeps its data dir
+	if !ok {
+		dir = jailtest.Dir(c.t)
+		c.dirs[id] = dir
+	}
+	vars := map[string]string{"DATABASE_URL": c.conn, "BERTH_DATA_DIR": dir, "BERTH_NODE_ID": id,
 		"BERTH_SECRET_KEY": c.secret, "BERTH_BASE_URL": c.base, "BERTH_LOG_LEVEL": "info"}
 	for k, v := range nodeTimingVars {
 		vars[k] = v
@@ -504,6 +510,20 @@ func TestNodesScaleOut(t *testing.T) {
 	}
 	if code := c.api("POST", "/api/runs/"+kept+"/cancel", c.token, nil, nil); code != http.StatusAccepted {
 		t.Errorf("cancel the kept run: %d", code)
+	}
+
+	// The dead worker restarts with the same id and data dir: it works its queue again (the
+	// orphaned run's finalize, waiting there, settles its workspace) and takes runs in its
+	// workspaces again.
+	c.start(victim, nil, "worker", "--internal-addr", c.freeAddr(), "--max-workers", "3")
+	c.waitFor("the restarted node to settle the orphaned run's finalize", 2*time.Minute, func() bool { return c.settled(doomed) })
+	if _, err := c.pool.Exec(context.Background(), `UPDATE tasks SET command = 'true' WHERE id = $1`, taskOn[victim]); err != nil {
+		t.Fatal(err)
+	}
+	again := c.runOf(taskOn[victim])
+	c.waitFor("a run in the restarted node's workspace to settle", 2*time.Minute, func() bool { return c.settled(again) })
+	if r := c.run(again); r.Status != db.RunSucceeded || r.NodeID != victim {
+		t.Fatalf("run after the restart = %s/%s on %s", r.Status, r.ErrorCode, r.NodeID)
 	}
 }
 
