@@ -23,16 +23,15 @@ const nodeURLTTL = 2 * time.Second
 // nodeDirectory caches other nodes' internal URLs briefly (a busy preview costs no query per
 // request).
 type nodeDirectory struct {
-	mu      sync.Mutex
-	entries map[string]nodeEntry
+	transport *http.Transport // to the other nodes' internal listeners
+	mu        sync.Mutex
+	entries   map[string]nodeEntry
 }
 
 type nodeEntry struct {
 	url   *url.URL // nil: down or no internal listener
 	until time.Time
 }
-
-var forwardTransport = &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
 
 // nodeURL is node id's internal listener, or nil when it is down or has none.
 func (s *Server) nodeURL(r *http.Request, id string) *url.URL {
@@ -59,7 +58,10 @@ func (s *Server) nodeURL(r *http.Request, id string) *url.URL {
 
 // nodeDir is the server's directory, made on first use.
 func (s *Server) nodeDir() *nodeDirectory {
-	s.nodes.dirOnce.Do(func() { s.nodes.dir = &nodeDirectory{entries: map[string]nodeEntry{}} })
+	s.nodes.dirOnce.Do(func() {
+		s.nodes.dir = &nodeDirectory{entries: map[string]nodeEntry{},
+			transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
+	})
 	return s.nodes.dir
 }
 
@@ -82,7 +84,7 @@ func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, node, path, u
 		return errNodeDown
 	}
 	rp := &httputil.ReverseProxy{
-		Transport:     forwardTransport,
+		Transport:     s.nodeDir().transport,
 		FlushInterval: -1,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
