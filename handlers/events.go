@@ -48,8 +48,12 @@ type subscriber struct {
 	ch        chan hubEvent
 }
 
-// ringSize is how many recent events a reconnecting stream can catch up on.
-const ringSize = 4096
+// ringSize is how many recent events a reconnecting stream can catch up on; a stream that
+// missed more than maxReplay of its own gets resync instead.
+const (
+	ringSize  = 4096
+	maxReplay = 64
+)
 
 // NewEvents makes a hub; buffer is each stream's queue length (0: 256).
 func NewEvents(buffer int) *Events {
@@ -150,6 +154,9 @@ func (h *Events) subscribe(s *subscriber, cursor string) (missed []hubEvent, res
 		if s.wants(he) {
 			missed = append(missed, he)
 		}
+	}
+	if len(missed) > maxReplay {
+		return nil, true // one re-read is cheaper than replaying a long history
 	}
 	return missed, false
 }

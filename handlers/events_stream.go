@@ -13,13 +13,17 @@ import (
 )
 
 // Stream timing: a comment every eventsHeartbeat keeps proxies from closing an idle stream and
-// lets the server notice a vanished client and a changed membership; after eventsMaxAge the
-// stream ends and the browser reconnects (with Last-Event-ID, so nothing is lost), which makes
-// it pass authentication again.
+// lets the server notice a vanished client; every eventsRecheckBeats heartbeats the stream
+// re-reads its session and memberships (an ended session or a removed membership ends it);
+// after eventsMaxAge it ends and the browser reconnects (with Last-Event-ID, so nothing is
+// lost), which makes it pass authentication again.
 const (
 	eventsHeartbeat = 25 * time.Second
 	eventsMaxAge    = 30 * time.Minute
-	eventsRetryMS   = "2000"
+	// eventsRecheckBeats heartbeats (about 2 minutes) between re-reads of a stream's session
+	// and memberships.
+	eventsRecheckBeats = 5
+	eventsRetryMS      = "2000"
 )
 
 // eventTopics are the topics migration 0012 sends (docs/live.md), and what a topic= filter may name.
@@ -124,6 +128,7 @@ func (s *Server) eventsStream(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 
+	checked := time.Now()
 	beat := time.NewTicker(s.eventsBeat())
 	defer beat.Stop()
 	end := time.NewTimer(eventsMaxAge)
@@ -143,8 +148,11 @@ func (s *Server) eventsStream(w http.ResponseWriter, r *http.Request) error {
 				return nil
 			}
 		case <-beat.C:
-			if err := s.eventMembership(r, p, sub); err != nil {
-				return nil // no longer allowed: end the stream; its reconnect gets the refusal
+			if time.Since(checked) >= eventsRecheckBeats*s.eventsBeat() {
+				if err := s.eventMembership(r, p, sub); err != nil {
+					return nil // no longer allowed: end the stream; its reconnect gets the refusal
+				}
+				checked = time.Now()
 			}
 			bw.WriteString(": heartbeat\n")
 			if err := s.flushEvents(bw, rc, sub); err != nil {

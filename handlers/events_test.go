@@ -325,3 +325,35 @@ func TestEventsClose(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsEndWithAccess: a stream ends soon after its member is removed from the company it
+// filters on, and after its session is signed out.
+func TestEventsEndWithAccess(t *testing.T) {
+	t.Parallel()
+	e := setupLive(t)
+	e.srv.eventsHeartbeat = 20 * time.Millisecond
+	ends := func(what string, ch <-chan sseEvent) {
+		t.Helper()
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case _, ok := <-ch:
+				if !ok {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("%s: the stream went on", what)
+			}
+		}
+	}
+	viewer := e.stream(e.browser(e.r.Viewer), "company="+e.r.A.ID, nil)
+	e.exec(`DELETE FROM memberships WHERE user_id = $1`, e.r.Viewer.User.ID)
+	ends("membership removed", viewer)
+
+	c := e.browser(e.r.Board)
+	board := e.stream(c, "", nil)
+	if resp := e.do(c, http.MethodPost, "/logout", nil, nil); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("logout = %d", resp.StatusCode)
+	}
+	ends("signed out", board)
+}
