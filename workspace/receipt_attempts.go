@@ -92,7 +92,8 @@ type Selected struct {
 
 // SelectAttempt points the task branch at the chosen attempt's head and moves every discarded
 // attempt's branch to its rescue ref (its worktree's HEAD is detached at the same commit first,
-// so the close that follows removes a clean worktree). It is idempotent: a retry finds the task
+// so the close that follows removes a clean worktree; a branch checked out in a worktree this
+// node does not manage keeps existing, its head kept under the rescue ref all the same). It is idempotent: a retry finds the task
 // branch already at the head and the discarded branches already moved. A task branch checked
 // out in any worktree is ErrBranchInUse, and nothing is changed. A rescue ref that already holds
 // another commit (an earlier group's) is kept and the new one gets a -<unix> suffix.
@@ -185,7 +186,13 @@ func (m *Manager) discardAttempts(ctx context.Context, s Selection, res *Selecte
 			return err
 		}
 		res.Rescue[d.Branch] = name
-		if root, err := m.Root(d.Ref); err == nil && ValidRef(d.Ref) {
+		if wt, err := m.worktreeOf(ctx, s.GitDir, d.Branch); err != nil {
+			return err
+		} else if wt != "" {
+			root, err := m.Root(d.Ref)
+			if err != nil || !ValidRef(d.Ref) || filepath.Clean(wt) != root {
+				continue // checked out where this node cannot detach it: the branch stays, its head is kept anyway
+			}
 			if _, err := m.git.run(ctx, gitCall{dir: root}, "update-ref", "--no-deref", "-m", "berth discard", "HEAD", tip); err != nil {
 				return err
 			}
