@@ -90,7 +90,15 @@ func (s *Server) evaluateClose(ctx context.Context, q db.Querier, ws db.Executio
 	for _, t := range tasks {
 		snap.LinkedTasks = append(snap.LinkedTasks, workspace.CloseTask{ID: t.ID, Key: t.Key, Status: t.Status})
 	}
+	var remote *remoteGit
 	if !shared && !settled {
+		if remote, err = s.remoteWorkspaceGit(ctx, ws); err != nil { // on another node's disk (internal_workspace.go)
+			return closeFacts{}, err
+		}
+	}
+	if remote != nil {
+		cw.Managed, snap.Git = remote.Managed, remote.Git
+	} else if !shared && !settled {
 		root, err := s.workspaces.Root(ws.Ref)
 		cw.Managed = err == nil && root != ""
 		if cw.Managed && cw.Strategy == workspace.StrategyGitWorktree {
@@ -103,6 +111,9 @@ func (s *Server) evaluateClose(ctx context.Context, q db.Querier, ws db.Executio
 	}
 	snap.Workspace = cw
 	rd := workspace.EvaluateClose(snap)
+	if rd.Git != nil && remote != nil && remote.CommitsSinceBase != nil {
+		rd.Git.CommitsSinceBase = remote.CommitsSinceBase
+	}
 	if rd.Git != nil && rd.Git.Readable && snap.Git != nil && ws.BaseCommit != "" {
 		if root, err := s.workspaces.Root(ws.Ref); err == nil {
 			if n, err := s.workspaces.CommitsSince(ctx, root, ws.BaseCommit); err == nil {

@@ -2,7 +2,8 @@ package handlers
 
 // The internal listener (DESIGN §11, docs/scaling.md "The internal address"): node-to-node
 // requests only. A web node forwards a preview or a setup-session terminal whose process lives on
-// another node to that node's internal listener; every such request is signed with the
+// another node to that node's internal listener, and asks it for the git state of a workspace on
+// its disk (internal_workspace.go); every such request is signed with the
 // node-to-node key (NodeKey), which is derived from Berth's secret key with a purpose label of
 // its own. Anything unsigned, badly signed, stale or for another route is refused: 401 without a
 // valid signature, 404 for any other path. The listener carries no session and no API.
@@ -80,6 +81,7 @@ func (s *Server) InternalHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/internal/preview/{id}/", http.HandlerFunc(s.internalPreview))
 	mux.Handle("GET /internal/image-setup-sessions/{id}/terminal", s.handle(s.terminalSocket))
+	mux.Handle("GET /internal/workspaces/{id}/git", http.HandlerFunc(s.internalWorkspaceGit)) // internal_workspace.go
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var key []byte
 		if s.nodes != nil {
@@ -92,7 +94,7 @@ func (s *Server) InternalHandler() http.Handler {
 		}
 		r.Header.Del(nodeAuthHeader)
 		if !strings.HasPrefix(r.URL.Path, "/internal/preview/") &&
-			!strings.HasPrefix(r.URL.Path, "/internal/image-setup-sessions/") {
+			!strings.HasPrefix(r.URL.Path, "/internal/image-setup-sessions/") && !strings.HasPrefix(r.URL.Path, "/internal/workspaces/") {
 			writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]string{"code": "not_found", "message": "Not found."}})
 			return
 		}

@@ -7,6 +7,7 @@ package handlers
 // through (httputil.ReverseProxy switches protocols on both hops).
 
 import (
+	"context"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -34,7 +35,10 @@ type nodeEntry struct {
 }
 
 // nodeURL is node id's internal listener, or nil when it is down or has none.
-func (s *Server) nodeURL(r *http.Request, id string) *url.URL {
+func (s *Server) nodeURL(r *http.Request, id string) *url.URL { return s.nodeURLCtx(r.Context(), id) }
+
+// nodeURLCtx is nodeURL outside a request.
+func (s *Server) nodeURLCtx(ctx context.Context, id string) *url.URL {
 	d := s.nodeDir()
 	now := time.Now()
 	d.mu.Lock()
@@ -44,7 +48,7 @@ func (s *Server) nodeURL(r *http.Request, id string) *url.URL {
 		return e.url
 	}
 	e = nodeEntry{until: now.Add(nodeURLTTL)}
-	if n, err := db.NodeByID(r.Context(), s.pool, id, s.nodes.deadAfter()); err == nil && n.Alive && n.InternalURL != "" {
+	if n, err := db.NodeByID(ctx, s.pool, id, s.nodes.deadAfter()); err == nil && n.Alive && n.InternalURL != "" {
 		if u, err := url.Parse(n.InternalURL); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" {
 			e.url = u
 		}

@@ -407,6 +407,44 @@ func TestNodesScaleOut(t *testing.T) {
 		t.Fatalf("runs by node = %v: both workers must work, the web node never", byNode)
 	}
 
+	// The close-readiness of a worker's workspace, through the web node: the worker reads its
+	// git state. Closing it (its branch holds the run's commit: destructive) runs on that worker.
+	closing := c.run(runs[1])
+	var rd struct {
+		State string `json:"state"`
+		Git   *struct {
+			Readable bool `json:"readable"`
+			Ahead    int  `json:"ahead"`
+		} `json:"git"`
+	}
+	if code := c.api("GET", "/api/execution-workspaces/"+closing.ExecutionWorkspaceID+"/close-readiness", c.token, nil, &rd); code != http.StatusOK ||
+		rd.Git == nil || !rd.Git.Readable || rd.Git.Ahead != 1 {
+		t.Fatalf("close-readiness through the web node: %d %+v %+v", code, rd, rd.Git)
+	}
+	var ref string
+	if err := c.pool.QueryRow(context.Background(), `SELECT ref FROM execution_workspaces WHERE id = $1`,
+		closing.ExecutionWorkspaceID).Scan(&ref); err != nil {
+		t.Fatal(err)
+	}
+	wsDir := filepath.Join(c.dirs[closing.NodeID], "workspaces", ref)
+	if _, err := os.Stat(wsDir); err != nil {
+		t.Fatalf("the workspace's directory on its node: %v", err)
+	}
+	if _, err := c.pool.Exec(context.Background(), `UPDATE tasks SET status = 'done' WHERE id = $1`, tasks[1]); err != nil {
+		t.Fatal(err) // an open task bound to the workspace blocks its close
+	}
+	var refused map[string]any
+	if code := c.api("PATCH", "/api/execution-workspaces/"+closing.ExecutionWorkspaceID, c.token,
+		map[string]any{"status": "closed", "confirm_destructive": true}, &refused); code != http.StatusAccepted {
+		t.Fatalf("close a worker's workspace: %d %v", code, refused)
+	}
+	c.waitFor("the worker to close its workspace", time.Minute, func() bool {
+		return c.count(`SELECT count(*) FROM execution_workspaces WHERE id = $1 AND status = 'closed'`, closing.ExecutionWorkspaceID) == 1
+	})
+	if _, err := os.Stat(wsDir); !os.IsNotExist(err) {
+		t.Fatalf("the closed workspace's directory on its node: %v", err)
+	}
+
 	// A preview of a worker's workspace, through the web node.
 	ws := c.run(runs[0]).ExecutionWorkspaceID
 	svcNode := c.run(runs[0]).NodeID
