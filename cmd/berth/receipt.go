@@ -161,8 +161,7 @@ func (v *verifier) compare(what, where, want, got string) {
 // workspace checks the final tree digest against the workspace, when it is still on this disk.
 func (v *verifier) workspace(ctx context.Context, mgr *workspace.Manager) {
 	ref, want := deref(v.rc.WorkspaceRef), deref(v.rc.FinalTreeDigest)
-	switch {
-	case ref == "" || want == "":
+	if ref == "" || want == "" {
 		v.skip("workspace", "the receipt names no workspace tree")
 		return
 	}
@@ -172,7 +171,7 @@ func (v *verifier) workspace(ctx context.Context, mgr *workspace.Manager) {
 		return
 	}
 	var got string
-	if _, err := os.Lstat(filepath.Join(root, ".git")); err == nil {
+	if _, lerr := os.Lstat(filepath.Join(root, ".git")); lerr == nil {
 		got, err = mgr.WorktreeDigest(ctx, root)
 	} else {
 		got, err = workspace.TreeDigest(ctx, root)
