@@ -38,9 +38,6 @@ func (s *Server) servicesPanelData(ctx context.Context, a access, ws db.Executio
 			row.LogExcerpt, _ = environment.LogTail(sv.LogPath, serviceLogTail)
 		}
 		d.Rows = append(d.Rows, row)
-		if serviceInTransition(sv) {
-			d.Live = true
-		}
 	}
 	return d, nil
 }
