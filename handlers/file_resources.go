@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"berth/db"
+	"berth/views"
 	"berth/workspace"
 )
 
@@ -87,7 +88,7 @@ func (s *Server) loadTaskFiles(ctx context.Context, a access, taskID string) (ta
 			continue // not on this node's disk, or gone
 		}
 		tf.roots = append(tf.roots, fileRoot{Name: executionWorkspaceRootPrefix + w.ID, Kind: "execution_workspace",
-			Label: "execution workspace " + w.Ref[:11] + " (" + w.Strategy + ")", dir: dir})
+			Label: "execution workspace " + w.Ref[:11] + " (" + strings.ToLower(views.StrategyLabel(w.Strategy)) + ")", dir: dir})
 	}
 	local, err := db.TaskLocalProjectWorkspaces(ctx, s.pool, a.Company.ID, taskID)
 	if err != nil {

@@ -486,8 +486,8 @@ func TestTaskBrowserFlow(t *testing.T) {
 	}
 	resp, _ = w.postForm(c, loc, url.Values{"title": {"Fix the build"}, "description": {"now"}, "command": {"make test"},
 		"status": {"in_progress"}, "trust": {"standard"}, "workspace_mode": {"isolated"}, "environment_id": {w.EnvID}}, false)
-	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != loc {
-		t.Fatalf("edit form = %d", resp.StatusCode)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != loc+"?flash=task_saved" {
+		t.Fatalf("edit form = %d to %q, want the task page with its confirmation", resp.StatusCode, resp.Header.Get("Location"))
 	}
 	id := strings.TrimPrefix(loc, "/tasks/")
 	if n := w.e.count(`SELECT count(*) FROM tasks WHERE id = $1 AND status = 'in_progress' AND workspace_mode = 'isolated'

@@ -243,7 +243,8 @@ func TestBrowserNewcomerPath(t *testing.T) {
 		t.Fatalf("task page heading = %q", heading)
 	}
 	plan := text(`#plan`)
-	for _, want := range []string{"isolated", "git_worktree", "berth/ARM-1", "project_default_mode", "environment", "strategy"} {
+	// Human labels on the page; the codes stay in title attributes (views/labels.go).
+	for _, want := range []string{"Isolated", "Git worktree", "berth/ARM-1", "Project default", "Environment", "Strategy"} {
 		if !strings.Contains(plan, want) {
 			t.Errorf("plan panel lacks %q:\n%s", want, plan)
 		}

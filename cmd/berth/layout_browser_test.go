@@ -37,12 +37,19 @@ const layoutProblemsJS = `(() => {
 		const right = box === document.documentElement ? box.clientWidth : box.getBoundingClientRect().left + box.clientLeft + box.clientWidth;
 		const out = [];
 		for (const el of box.querySelectorAll('*')) {
+			// An absolutely placed element escapes a scroll box that is not its containing block.
 			let p = el.parentElement, inner = false;
-			while (p && p !== box) { if (scrolls(p)) { inner = true; break; } p = p.parentElement; }
+			const pos = getComputedStyle(el).position;
+			while (p && p !== box && pos !== 'absolute' && pos !== 'fixed') { if (scrolls(p)) { inner = true; break; } p = p.parentElement; }
 			if (inner) continue;
 			const r = el.getBoundingClientRect();
 			if (r.width > 0 && r.right > right + 1) out.push(name(el) + ' right=' + Math.round(r.right));
 			if (out.length >= 4) break;
+		}
+		if (out.length === 0) { // nothing sticks out by its box: name the widest-reaching elements
+			const all = [...box.querySelectorAll('*')].map(el => [el, el.getBoundingClientRect().right + el.scrollWidth - el.clientWidth]);
+			all.sort((a, b) => b[1] - a[1]);
+			for (const [el, r] of all.slice(0, 3)) out.push('widest ' + name(el) + ' reach=' + Math.round(r));
 		}
 		return out.join('; ');
 	};
