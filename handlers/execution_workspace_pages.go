@@ -168,7 +168,6 @@ func (s *Server) workspacePageData(ctx context.Context, a access, ws db.Executio
 	if d.Services, err = s.servicesPanelData(ctx, a, ws); err != nil {
 		return d, err
 	}
-	d.Services.Live = d.Services.Live && !d.Live // the whole body refreshes already
 	d.Readiness = views.WorkspaceReadinessView{Confirmed: confirm}
 	if ws.Status == db.WorkspaceClosed || d.Live {
 		return d, nil // the panel shows the close or the rebuild, not readiness

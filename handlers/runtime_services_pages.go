@@ -3,7 +3,6 @@ package handlers
 import (
 	"context"
 	"net/http"
-	"time"
 
 	"berth/db"
 	"berth/environment"
@@ -16,10 +15,6 @@ import (
 
 // serviceLogTail is how much of a live service's log the panel shows.
 const serviceLogTail = 4096
-
-// servicePending is how long a service whose wanted state differs from its state counts as in
-// transition (its job not yet picked up): the panel keeps refreshing that long, no longer.
-const servicePending = 2 * time.Minute
 
 // servicesPanelData reads the services panel of workspace ws.
 func (s *Server) servicesPanelData(ctx context.Context, a access, ws db.ExecutionWorkspace) (views.ServicesPanelData, error) {
@@ -40,22 +35,6 @@ func (s *Server) servicesPanelData(ctx context.Context, a access, ws db.Executio
 		d.Rows = append(d.Rows, row)
 	}
 	return d, nil
-}
-
-// serviceInTransition reports whether a service is changing: starting, stopping, or wanted in
-// another state by a request its job has not yet picked up.
-func serviceInTransition(sv db.RuntimeService) bool {
-	switch {
-	case sv.Status == db.ServiceStarting || sv.Status == db.ServiceStopping:
-		return true
-	case time.Since(sv.UpdatedAt) > servicePending:
-		return false
-	case sv.DesiredState == db.DesiredRunning && sv.Status == db.ServiceStopped:
-		return true
-	case sv.DesiredState == db.DesiredStopped && sv.Status == db.ServiceRunning:
-		return true
-	}
-	return false
 }
 
 // runtimeServiceForm is POST /workspaces/{id}/services/{name}/{action} from the services panel
