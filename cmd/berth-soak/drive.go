@@ -61,7 +61,7 @@ func (s *soak) drive(ctx context.Context) {
 	next := func(mean time.Duration) time.Time {
 		return time.Now().Add(mean/2 + time.Duration(s.rng.Int64N(int64(mean))))
 	}
-	nextRun, nextCancel, nextClose := time.Now(), next(8*time.Second), next(20*time.Second)
+	nextRun, nextCancel, nextClose, nextReopen := time.Now(), next(8*time.Second), next(20*time.Second), time.Now()
 	nextWorker, nextPG := next(s.opts.workerKill), next(s.opts.pgKill)
 	lastReport := began
 	for time.Now().Before(end) && ctx.Err() == nil {
@@ -79,6 +79,9 @@ func (s *soak) drive(ctx context.Context) {
 		case now.After(nextClose):
 			s.closeOne(ctx)
 			nextClose = next(20 * time.Second)
+		case now.After(nextReopen):
+			s.reopenClosed(ctx)
+			nextReopen = time.Now().Add(time.Second)
 		case now.After(nextRun):
 			s.startOne(ctx)
 			nextRun = next(time.Second)
@@ -96,6 +99,9 @@ func (s *soak) drive(ctx context.Context) {
 // startOne starts a run of a random task; a task with a live run answers 409 run_in_progress.
 func (s *soak) startOne(ctx context.Context) {
 	t := s.tasks[s.rng.IntN(len(s.tasks))]
+	if _, closing := s.reopen[t.id]; closing {
+		return
+	}
 	var r runJSON
 	created := time.Now()
 	switch code := s.call(ctx, http.MethodPost, "/api/tasks/"+t.id+"/runs", nil, &r); code {
@@ -144,21 +150,42 @@ func (s *soak) closeOne(ctx context.Context) {
 			ws.Status != "ready" {
 			continue
 		}
-		// A workspace closes once its task is done; the task is then reopened, so that its next
-		// run must make a new workspace (and never a second open one).
+		// A workspace closes once its task is done; the task is reopened when the close has
+		// finished (reopenClosed), so that its next run must make a new workspace (and never a
+		// second open one).
 		taskPath := "/api/tasks/" + rec.task.id
 		if code := s.call(ctx, http.MethodPatch, taskPath, map[string]any{"status": "done"}, nil); code >= 300 {
 			s.refused("marking the task done", code)
 			return
 		}
-		defer s.call(ctx, http.MethodPatch, taskPath, map[string]any{"status": "todo"}, nil)
 		body := map[string]any{"status": "closed", "confirm_destructive": true, "generation": ws.Generation}
 		if code := s.call(ctx, http.MethodPatch, "/api/execution-workspaces/"+*r.ExecutionWorkspaceID, body, nil); code < 300 {
 			s.closes++
 		} else {
 			s.refused("closing workspace "+*r.ExecutionWorkspaceID, code)
 		}
+		s.reopen[rec.task.id] = reopening{workspace: *r.ExecutionWorkspaceID, since: time.Now()}
 		return
+	}
+}
+
+// reopenClosed reopens the tasks whose workspace close has finished (or was refused, or takes
+// over a minute).
+func (s *soak) reopenClosed(ctx context.Context) {
+	for taskID, ro := range s.reopen {
+		var ws struct {
+			Status string `json:"status"`
+		}
+		code := s.call(ctx, http.MethodGet, "/api/execution-workspaces/"+ro.workspace, nil, &ws)
+		if code == http.StatusOK && ws.Status == "closing" && time.Since(ro.since) < time.Minute {
+			continue
+		}
+		if code == 0 || code == http.StatusServiceUnavailable {
+			continue // ask again once the database answers
+		}
+		if s.call(ctx, http.MethodPatch, "/api/tasks/"+taskID, map[string]any{"status": "todo"}, nil) < 300 {
+			delete(s.reopen, taskID)
+		}
 	}
 }
 
@@ -175,6 +202,10 @@ func (s *soak) settleRuns(ctx context.Context) {
 		_ = s.startWorker()
 	}
 	_ = s.waitHealthy(ctx, 60*time.Second)
+	for deadline := time.Now().Add(time.Minute); len(s.reopen) > 0 && time.Now().Before(deadline); {
+		s.reopenClosed(ctx)
+		time.Sleep(time.Second)
+	}
 	fmt.Printf("soak: load over (%d runs); letting them settle (at most %s)\n", len(s.runs), s.opts.settle)
 	deadline := time.Now().Add(s.opts.settle)
 	for time.Now().Before(deadline) && ctx.Err() == nil {

@@ -76,7 +76,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	s := &soak{opts: o, root: root, rng: rand.New(rand.NewPCG(o.seed, o.seed^0x9e3779b97f4a7c15)),
-		runs: map[string]*runRecord{}, statuses: map[int]int{}}
+		runs: map[string]*runRecord{}, statuses: map[int]int{}, reopen: map[string]reopening{}}
 	s.http.Timeout = 15 * time.Second
 	fmt.Printf("soak: %s of load and faults, seed %d, data in %s\n", o.duration, o.seed, root)
 	defer func() {

@@ -35,6 +35,7 @@ type soak struct {
 	conflicts int         // 409 run_in_progress
 	cancels   int
 	closes    int
+	reopen    map[string]reopening // task id → its closing workspace, until the task is reopened
 	// closeRefusals counts refused closes; lastRefusal is the body of the last 4xx answer.
 	closeRefusals int
 	lastRefusal   string
@@ -42,6 +43,12 @@ type soak struct {
 	pgKills       []time.Time
 	pgDown        time.Duration // the longest outage after a postmaster SIGKILL
 	pgNotBack     int
+}
+
+// reopening is a task marked done for its workspace's close, to be reopened afterwards.
+type reopening struct {
+	workspace string
+	since     time.Time
 }
 
 // kind is what a task's command does, and so how its runs must end.
