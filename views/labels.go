@@ -41,6 +41,15 @@ var codeLabels = map[string]map[string]string{
 		"reuse_target_invalid":     "Workspace to reuse is not usable",
 		"environment_unqualified":  "Environment not probed",
 	},
+	"setup": {
+		"starting":         "starting",
+		"waiting_for_user": "waiting for you",
+		"capturing":        "capturing the image",
+		"promoted":         "finished: new version active",
+		"cancelled":        "cancelled",
+		"timed_out":        "timed out",
+		"failed":           "failed",
+	},
 	"mode": {
 		"shared":   "Shared",
 		"isolated": "Isolated",

@@ -260,7 +260,7 @@ func TestBrowserNewcomerPath(t *testing.T) {
 	step("run the task",
 		chromedp.Click(chromedp.CSS(`#runs button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#run-body`)),
-		chromedp.WaitVisible(chromedp.CSS(`#run-body .badge-ok`)),
+		chromedp.WaitVisible(chromedp.CSS(`#run-status.badge-ok`)), // the run's own status, not a step's
 		chromedp.WaitVisible(chromedp.CSS(`#run-log`)),
 	)
 	screenshot(t, ctx, "run")

@@ -186,6 +186,22 @@ func demoWithRun(t *testing.T, ctx context.Context, base string) map[string]stri
 
 	browserStep(t, ctx, "environments", chromedp.Navigate(base+pages["environments"]), chromedp.WaitVisible(chromedp.CSS(`main a[href^="/environments/"]`)))
 	pages["environment"] = hrefOf(t, ctx, `main a[href^="/environments/"]`)
+	// A sandbox environment and a setup session on it (its page is the terminal's).
+	browserStep(t, ctx, "sandbox environment",
+		chromedp.Navigate(base+pages["environments"]+"?driver=sandbox#new-environment"), // the form with the sandbox's fields
+		chromedp.WaitReady(chromedp.CSS(`#new-environment input[name=sandbox_fields]`)),
+	)
+	// Name and submit in one go: a live re-fetch of the page must not swap the form in between.
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const f = document.querySelector('#new-environment');
+		f.querySelector('#new-environment-name').value = 'box'; f.requestSubmit(); return true; })()`)); err != nil {
+		t.Fatalf("create the sandbox environment: %v", err)
+	}
+	browserStep(t, ctx, "setup session",
+		chromedp.WaitVisible(chromedp.CSS(`#start-setup-session`)),
+		chromedp.Click(chromedp.CSS(`#start-setup-session`)),
+		chromedp.WaitVisible(chromedp.CSS(`#setup-session`)),
+	)
+	pages["setup session"] = evalString(t, ctx, `location.pathname`)
 	browserStep(t, ctx, "leases", chromedp.Navigate(base+"/leases"), chromedp.WaitVisible(chromedp.CSS(`main a[href^="/leases/"]`)))
 	pages["lease"] = hrefOf(t, ctx, `main a[href^="/leases/"]`)
 	for name, p := range pages {
@@ -207,7 +223,7 @@ func TestBrowserLayout(t *testing.T) {
 
 	names := []string{"dashboard", "projects", "project", "project workspace", "tasks", "task", "run", "files",
 		"workspaces", "workspace", "leases", "lease", "environments", "environment", "members", "agents", "audit",
-		"admin workspaces", "admin jobs"}
+		"setup session", "admin workspaces", "admin jobs"}
 	if len(names) != len(pages) {
 		t.Fatalf("checking %d pages of %d", len(names), len(pages))
 	}
