@@ -111,6 +111,17 @@ func TestPostmasterKilledMidRun(t *testing.T) {
 			t.Fatalf("GET %s during the outage = %d %q (Retry-After %q), want 503 database_unavailable", path, code, errCode, h.Get("Retry-After"))
 		}
 	}
+	// A browser with a session gets the 503 page (its session cannot be loaded).
+	req, _ := http.NewRequest(http.MethodGet, base+"/", nil)
+	req.Header.Set("Cookie", "berth_session=a-session-token")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+			t.Fatalf("page during the outage = %d %s, want a 503 page", resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+	}
 	// The command ends (exit 3) while the database is still down.
 	time.Sleep(time.Until(killedAt.Add(7 * time.Second)))
 	if code, _, _ := api("/api/health"); code != http.StatusServiceUnavailable {
