@@ -12,6 +12,8 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux := http.NewServeMux()
 
 	mux.Handle("GET /static/", http.StripPrefix("/static", s.assets.Handler()))
+	// Browsers that ask before reading the page's <link rel="icon"> get the hashed icon.
+	mux.Handle("GET /favicon.ico", http.RedirectHandler(s.assets.URL("favicon.svg"), http.StatusMovedPermanently))
 
 	mux.Handle("GET /login", s.handle(s.loginPage))
 	mux.Handle("POST /login", s.handle(s.login))

@@ -399,7 +399,12 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request, p *principal) e
 	if isHTMX(r) && r.URL.Query().Get("fragment") == "run" {
 		return s.render(w, r, views.RunBody(v))
 	}
-	return s.render(w, r, views.RunPage(s.companyFrame(r, a, task.Key+" run", "projects"), v))
+	facts, err := s.runFactsOf(ctx, a.Company.ID, run, time.Now()) // run_title.go
+	if err != nil {
+		return err
+	}
+	v.Branch, v.Environment, v.Duration = facts.Branch, facts.Environment, facts.Duration
+	return s.render(w, r, views.RunPage(s.companyFrame(r, a, runTitle(task.Key, run.Status, facts), "projects"), v))
 }
 
 // createRunForm is POST /tasks/{id}/runs (board members): admits a run and goes to its page; a
