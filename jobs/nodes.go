@@ -47,6 +47,9 @@ type NodeKeeper struct {
 	timing NodeTiming
 	ins    jobClient
 	log    *slog.Logger
+	// healthySince is when this node's heartbeats began to succeed without a failure in
+	// between (zero while they fail): see mayJudge.
+	healthySince time.Time
 }
 
 // NewNodeKeeper makes the keeper of node reg.ID; ins enqueues the takeover's jobs (an
@@ -60,7 +63,13 @@ func NewNodeKeeper(d Deps, reg db.NodeRegistration, timing NodeTiming, ins jobCl
 
 // Register records this node's new life. Call it before the River client starts.
 func (k *NodeKeeper) Register(ctx context.Context) error {
-	return db.RegisterNode(ctx, k.deps.Pool, k.reg)
+	if err := db.RegisterNode(ctx, k.deps.Pool, k.reg); err != nil {
+		return err
+	}
+	if k.healthySince.IsZero() {
+		k.healthySince = time.Now()
+	}
+	return nil
 }
 
 // Run heartbeats and takes over dead nodes until ctx ends.
@@ -76,6 +85,9 @@ func (k *NodeKeeper) Run(ctx context.Context) {
 		case <-beat.C:
 			k.heartbeat(ctx)
 		case <-look.C:
+			if !k.mayJudge(time.Now()) {
+				continue
+			}
 			if _, err := TakeOverDeadNodes(ctx, k.deps, k.ins, k.timing.DeadAfter); err != nil && ctx.Err() == nil {
 				k.log.Warn("dead-node takeover", "err", err)
 			}
@@ -92,9 +104,23 @@ func (k *NodeKeeper) heartbeat(ctx context.Context) {
 		k.log.Warn("this node was declared dead by the others; registering again")
 		err = k.Register(ctx)
 	}
-	if err != nil && ctx.Err() == nil {
-		k.log.Warn("node heartbeat", "err", err)
+	switch {
+	case err != nil:
+		k.healthySince = time.Time{}
+		if ctx.Err() == nil {
+			k.log.Warn("node heartbeat", "err", err)
+		}
+	case k.healthySince.IsZero():
+		k.healthySince = time.Now()
 	}
+}
+
+// mayJudge reports whether this node may declare others dead: only once its own heartbeats have
+// succeeded for a whole DeadAfter. After a database outage every node's heartbeat is old; the
+// first node back must give the others that long to beat again instead of taking over nodes
+// whose executors are alive and retrying their writes (jobs/spool.go).
+func (k *NodeKeeper) mayJudge(now time.Time) bool {
+	return !k.healthySince.IsZero() && now.Sub(k.healthySince) >= k.timing.DeadAfter
 }
 
 // TakeOverDeadNodes takes over every node silent for deadAfter whose current life is not taken

@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"berth/db"
+	"berth/db/dbtest"
 )
 
 // TestNodeQueue: a node id that is a River queue name keeps its name; others (capitals, dots,
@@ -188,5 +191,45 @@ func TestPlaceFollowsTheWorkspace(t *testing.T) {
 	_, err = Place(ctx, tx, ProvisionArgs{RunID: queued})
 	if nu, ok := err.(*NodeUnavailableError); !ok || nu.Node != "w2" {
 		t.Errorf("provision on a taken-over node: %v", err)
+	}
+}
+
+// TestNodeJudgesOnlyWhenItsOwnHeartbeatHolds: after a database outage every node's heartbeat is
+// old, so a node whose own heartbeat failed may declare no one dead until its heartbeats have
+// held for a whole DeadAfter again (the others had that long to beat). Real PostgreSQL: the
+// outage is a pool whose connections are refused.
+func TestNodeJudgesOnlyWhenItsOwnHeartbeatHolds(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+	timing := NodeTiming{Heartbeat: time.Second, DeadAfter: 30 * time.Second, Takeover: time.Second}
+	k := NewNodeKeeper(Deps{Pool: pool}, db.NodeRegistration{ID: "judge", Kind: "worker", Version: "test"}, timing, nil)
+	if err := k.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if k.mayJudge(now) {
+		t.Fatal("a node judged others at once after it registered")
+	}
+	if !k.mayJudge(now.Add(timing.DeadAfter)) {
+		t.Fatal("a node that beat for DeadAfter may not judge")
+	}
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.Port = 1 // nothing listens: every heartbeat fails
+	down, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	k.deps.Pool = down
+	k.heartbeat(ctx)
+	if k.mayJudge(now.Add(time.Hour)) {
+		t.Fatal("a node whose heartbeat failed still judges others")
+	}
+	k.deps.Pool = pool
+	k.heartbeat(ctx)
+	back := time.Now()
+	if k.mayJudge(back.Add(timing.DeadAfter/2)) || !k.mayJudge(back.Add(timing.DeadAfter)) {
+		t.Fatal("after the outage the node must wait a whole DeadAfter of good heartbeats")
 	}
 }
