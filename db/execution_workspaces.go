@@ -263,6 +263,18 @@ func TaskOpenWorkspace(ctx context.Context, q Querier, companyID, taskID, mode, 
 		  AND status = 'ready' AND sealed_at IS NULL ORDER BY created_at DESC, id DESC LIMIT 1`, companyID, taskID, mode, strategy))
 }
 
+// TaskClosingWorkspace reports whether a task has a workspace of the given mode and strategy that
+// is closing: a new one must wait for it (its directory and branch are still in use).
+func TaskClosingWorkspace(ctx context.Context, q Querier, companyID, taskID, mode, strategy string) (bool, error) {
+	var closing bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM execution_workspaces
+		WHERE company_id = $1 AND source_task_id = $2 AND mode = $3 AND strategy = $4 AND status = 'closing')`,
+		companyID, taskID, mode, strategy).Scan(&closing); err != nil {
+		return false, fmt.Errorf("task closing workspace: %w", err)
+	}
+	return closing, nil
+}
+
 // UnrecordedRefs returns, sorted, the refs among refs that no execution workspace row names: a
 // node's managed directories that Berth holds no record of (reported, never deleted).
 func UnrecordedRefs(ctx context.Context, q Querier, refs []string) ([]string, error) {

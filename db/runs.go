@@ -178,6 +178,16 @@ type RunUpdate struct {
 	Finished             bool // set finished_at = now()
 }
 
+// ForgetRunWorkspace undoes the record of a preparing run's workspace before it holds a lease
+// there (the workspace began to close meanwhile), so the run's next attempt chooses again.
+func ForgetRunWorkspace(ctx context.Context, q Querier, runID, workspaceID string) error {
+	if _, err := q.Exec(ctx, `UPDATE runs SET execution_workspace_id = NULL
+		WHERE id = $1 AND execution_workspace_id = $2 AND status = 'preparing' AND lease_id IS NULL`, runID, workspaceID); err != nil {
+		return fmt.Errorf("forget run workspace: %w", err)
+	}
+	return nil
+}
+
 // TransitionRun moves a run from one of the from statuses to to, with the fields of u, in one
 // conditional UPDATE. A run in another status is ErrRunState and is left unchanged.
 func TransitionRun(ctx context.Context, q Querier, id string, from []string, to string, u RunUpdate) (Run, error) {

@@ -73,6 +73,9 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 	}
 
 	ws, err := w.realize(ctx, run, task, pw, plan)
+	if errors.Is(err, errWorkspaceClosing) {
+		return w.waitForClose(ctx, run)
+	}
 	if err != nil {
 		return w.failRun(ctx, run, db.RunFailed, realizeErrorCode(err), "Preparing the workspace failed: "+err.Error())
 	}
@@ -82,6 +85,17 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 	}
 	lease, err := db.AcquireLease(ctx, w.deps.Pool, db.LeaseRequest{CompanyID: run.CompanyID, EnvironmentID: run.EnvironmentID,
 		ExecutionWorkspaceID: ws.ID, TaskID: run.TaskID, RunID: run.ID, TTL: leaseTTL})
+	if errors.Is(err, db.ErrLeaseUnavailable) && plan.ReuseWorkspaceID == "" {
+		// The workspace this run continues in began to close after the run chose it: choose
+		// again once the close is done (a new workspace), rather than fail the run.
+		if now, e := db.ExecutionWorkspaceByID(ctx, w.deps.Pool, run.CompanyID, ws.ID); e == nil &&
+			(now.Status == db.WorkspaceClosing || now.Status == db.WorkspaceClosed) {
+			if err := db.ForgetRunWorkspace(ctx, w.deps.Pool, run.ID, ws.ID); err != nil {
+				return err
+			}
+			return w.waitForClose(ctx, run)
+		}
+	}
 	if errors.Is(err, db.ErrLeaseUnavailable) || errors.Is(err, db.ErrNotFound) {
 		return w.failRun(ctx, run, db.RunFailed, codeEnvironment, "The environment is archived or the workspace is closing.")
 	}
@@ -131,6 +145,12 @@ func (w *ProvisionWorker) realize(ctx context.Context, run db.Run, task db.Task,
 		}
 		if !errors.Is(err, db.ErrNotFound) {
 			return db.ExecutionWorkspace{}, err
+		}
+		// One is closing: its directory and the task branch are still in use until it is closed.
+		if closing, err := db.TaskClosingWorkspace(ctx, w.deps.Pool, run.CompanyID, task.ID, plan.Mode, plan.Strategy); err != nil {
+			return db.ExecutionWorkspace{}, err
+		} else if closing {
+			return db.ExecutionWorkspace{}, errWorkspaceClosing
 		}
 	}
 	var res workspace.Result
