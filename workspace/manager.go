@@ -50,6 +50,8 @@ type Manager struct {
 	git     gitRunner
 	// copyQuota bounds copy realizations (copy.go).
 	copyQuota copyQuota
+	// digests memoizes the tree digests of commit ids (treedigest_cache.go).
+	digests digestCache
 
 	mu       sync.Mutex
 	holders  map[string]int

@@ -131,6 +131,9 @@ func (m *Manager) WorktreeDigest(ctx context.Context, root string) (string, erro
 // has a .git entry): its regular files (modes 100644/100755) read from git's objects, with the
 // directories they imply.
 func (m *Manager) GitTreeDigest(ctx context.Context, repo, rev string) (string, error) {
+	if d, ok := m.digests.get(rev); ok && isCommitID(rev) {
+		return d, nil
+	}
 	c, args := gitCall{}, []string{"--git-dir=" + repo}
 	if _, err := os.Lstat(filepath.Join(repo, ".git")); err == nil {
 		c, args = gitCall{dir: repo}, nil
@@ -138,6 +141,9 @@ func (m *Manager) GitTreeDigest(ctx context.Context, repo, rev string) (string, 
 	d, err := m.gitTreeDigest(ctx, c, args, rev)
 	if err != nil {
 		return "", fmt.Errorf("git tree digest of %.40s: %w", rev, err)
+	}
+	if isCommitID(rev) {
+		m.digests.put(rev, d)
 	}
 	return d, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -70,5 +71,14 @@ func TestTreeDigestsAgree(t *testing.T) {
 	wt4, _ := m.WorktreeDigest(ctx, repo)
 	if gd3, _ := m.GitTreeDigest(ctx, repo, "HEAD"); gd3 != wt4 || gd3 == gd {
 		t.Fatalf("after commit: git %s, worktree %s, before %s", gd3, wt4, gd)
+	}
+	// By commit id (memoized, treedigest_cache.go): each commit keeps its own digest, twice over.
+	for range 2 {
+		if d, err := m.GitTreeDigest(ctx, repo, strings.TrimSpace(gitT(t, repo, "rev-parse", "HEAD~1"))); err != nil || d != gd {
+			t.Fatalf("GitTreeDigest(HEAD~1's id) = %s, %v; want %s", d, err, gd)
+		}
+		if d, err := m.GitTreeDigest(ctx, repo, strings.TrimSpace(gitT(t, repo, "rev-parse", "HEAD"))); err != nil || d != wt4 {
+			t.Fatalf("GitTreeDigest(HEAD's id) = %s, %v; want %s", d, err, wt4)
+		}
 	}
 }
