@@ -266,8 +266,7 @@ func TestNodesAPI(t *testing.T) {
 // close is asked of that node (its queue).
 func TestCloseOnDeadNode(t *testing.T) {
 	t.Parallel()
-	var e *testEnv
-	e = setup(t, func(d *Deps) {
+	e := setup(t, func(d *Deps) {
 		client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: d.Log}, jobs.ClientOptions{Work: false})
 		if err != nil {
 			t.Fatal(err)

@@ -222,7 +222,7 @@ func TestRunLeaseLostWhenHeartbeatsFail(t *testing.T) {
 	re, part := setupRunsBehind(t, 3*time.Second)
 	task := re.task(`echo started; sleep 300`)
 	id := re.start(task.ID, nil)
-	run := re.waitRun(id, "running", func(r map[string]any) bool { return r["status"] == "running" })
+	re.waitRun(id, "running", func(r map[string]any) bool { return r["status"] == "running" })
 	waitFor(t, 30*time.Second, "the command's processes", func() bool {
 		pids, err := environment.FindTagged(id)
 		return err == nil && len(pids) > 0
@@ -242,7 +242,7 @@ func TestRunLeaseLostWhenHeartbeatsFail(t *testing.T) {
 	})
 	waitFor(t, 10*time.Second, "the lease_lost outcome spooled", func() bool { return re.spooled(id) })
 	part.Restore()
-	run = re.waitRun(id, "the end", ended)
+	run := re.waitRun(id, "the end", ended)
 	if run["status"] != "failed" || run["error_code"] != "lease_lost" {
 		t.Fatalf("run = %v, want failed/lease_lost", run)
 	}
