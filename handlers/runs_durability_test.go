@@ -3,12 +3,9 @@ package handlers
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -19,10 +16,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
-	"berth/environment/jail"
-	"berth/environment/jail/jailtest"
 	"berth/jobs"
-	"berth/workspace"
 )
 
 // partition stands between the executor's connection pool and PostgreSQL: its dial function makes
@@ -76,14 +70,9 @@ func (p *partition) Restore() {
 // test cuts the executor's database and still watches what the database holds.
 func setupRunsBehind(t *testing.T, leaseTTL time.Duration) (*runEnv, *partition) {
 	t.Helper()
-	dataDir := jailtest.Dir(t)
-	host, err := jail.Detect(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
 	part := &partition{}
-	e := setup(t, func(d *Deps) {
-		cfg, err := pgxpool.ParseConfig(d.Pool.Config().ConnString())
+	re := setupRunsWorkers(t, func(jd *jobs.Deps) {
+		cfg, err := pgxpool.ParseConfig(jd.Pool.Config().ConnString())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,65 +82,10 @@ func setupRunsBehind(t *testing.T, leaseTTL time.Duration) (*runEnv, *partition)
 		if err != nil {
 			t.Fatal(err)
 		}
-		mgr, err := workspace.NewManager(dataDir, workspace.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		artifacts, err := workspace.NewArtifacts(dataDir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		client, err := jobs.NewClient(jobs.Deps{Pool: pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
-			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir, LeaseTTL: leaseTTL},
-			jobs.ClientOptions{Work: true, MaxWorkers: 4})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := client.Start(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			part.Restore()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_ = client.Stop(ctx)
-			pool.Close()
-		})
-		d.Jobs = client
-		d.Workspaces = mgr
+		t.Cleanup(pool.Close) // after the workers stop (cleanups run last first)
+		jd.Pool, jd.LeaseTTL = pool, leaseTTL
 	})
-	re := &runEnv{testEnv: e, r: e.roles(), repo: jailtest.Dir(t), dataDir: dataDir}
-	git := func(args ...string) {
-		cmd := exec.Command("git", args...)
-		cmd.Dir = re.repo
-		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v %s", args, err, out)
-		}
-	}
-	git("init", "-q", "--initial-branch=main")
-	if err := os.WriteFile(filepath.Join(re.repo, "README.md"), []byte("hello\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	git("add", "-A")
-	git("-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-qm", "init")
-	ctx := context.Background()
-	doc, err := environment.Config{Driver: "local"}.Document()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := db.CreateEnvironment(ctx, e.pool, db.NewEnvironment{ID: "6f0d3a52-7a0f-4e47-9d43-000000000001", CompanyID: re.r.A.ID,
-		Name: "local", Driver: "local", Config: doc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := db.CreateProject(ctx, e.pool, re.r.A.ID, db.ProjectFields{Name: "P", Key: "PRJ", Policy: db.ExecutionPolicy{
-		DefaultMode: "isolated", EnvironmentID: env.ID, Strategy: "git_worktree", BranchTemplate: "berth/{task_key}"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	re.project = p.ID
+	t.Cleanup(part.Restore) // first: the workers stop on a reachable database
 	re.workspaceWith("")
 	return re, part
 }

@@ -33,6 +33,13 @@ type runEnv struct {
 
 func setupRuns(t testing.TB, opts ...func(*Deps)) *runEnv {
 	t.Helper()
+	return setupRunsWorkers(t, nil, opts...)
+}
+
+// setupRunsWorkers is setupRuns whose workers' deps workers changes first (their own pool, a
+// lease TTL), when it is not nil.
+func setupRunsWorkers(t testing.TB, workers func(*jobs.Deps), opts ...func(*Deps)) *runEnv {
+	t.Helper()
 	dataDir := jailtest.Dir(t) // commands run in the jail, which hides /tmp and must reach these
 	host, err := jail.Detect(context.Background())
 	if err != nil {
@@ -50,6 +57,9 @@ func setupRuns(t testing.TB, opts ...func(*Deps)) *runEnv {
 		jd := jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
 			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir}
+		if workers != nil {
+			workers(&jd)
+		}
 		jd.Services = jobs.NewServices(jd) // shared with the preview proxy, as cmd/berth does
 		t.Cleanup(jd.Services.Close)
 		d.LocalServices = jd.Services
