@@ -190,7 +190,7 @@ func TestLivePagesBrowser(t *testing.T) {
 	// most once per live fragment per event.
 	reqs, _ := log.since(n)
 	for _, r := range reqs {
-		if !strings.HasPrefix(r, "/tasks/"+task.ID+"/") && !strings.HasPrefix(r, "/tasks/"+task.ID+"?fragment=") {
+		if r != "/tasks/"+task.ID && !strings.HasPrefix(r, "/tasks/"+task.ID+"/") && !strings.HasPrefix(r, "/tasks/"+task.ID+"?fragment=") {
 			t.Fatalf("task page requested %s while the run went", r)
 		}
 	}
@@ -199,6 +199,12 @@ func TestLivePagesBrowser(t *testing.T) {
 	}
 	re.settled(re.waitRun(runID, "ended", ended))
 	idle("task page after the run")
+	// The task's status, changed elsewhere, shows in its header.
+	if code, out := re.call(re.r.Board, "PATCH", "/api/tasks/"+task.ID, map[string]any{"status": "in_review"}); code != 200 {
+		t.Fatalf("PATCH task = %d %v", code, out)
+	}
+	waitText(`#task-status`, "in review", "task header after a status change elsewhere")
+	idle("task page after the status change")
 
 	// The run page of a new run: status and log advance as the run goes, by events alone.
 	run2 := re.start(task.ID, nil)
