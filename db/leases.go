@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Lease statuses.
@@ -240,6 +241,41 @@ func AcquireLease(ctx context.Context, q Querier, req LeaseRequest) (Lease, erro
 		// The blocking lease ended between the insert and the look-up: try again.
 	}
 	return Lease{}, fmt.Errorf("acquire lease: %w", ErrLeaseBusy)
+}
+
+// AcquireLeaseWithin is AcquireLease on an environment that holds at most capacity live leases
+// (its max_parallel_runs; 0 or less: no bound, and exactly AcquireLease). Acquirers of one
+// capped environment take turns on a transaction-scoped advisory lock, count its live leases
+// other than req.RunID's own (a retry adopts its lease), and get ErrLeaseBusy when it is full.
+func AcquireLeaseWithin(ctx context.Context, pool *pgxpool.Pool, req LeaseRequest, capacity int) (Lease, error) {
+	if capacity <= 0 {
+		return AcquireLease(ctx, pool, req)
+	}
+	if !validUUID(req.EnvironmentID) {
+		return Lease{}, fmt.Errorf("acquire lease: %w", ErrInvalidID)
+	}
+	var l Lease
+	err := InTx(ctx, pool, func(tx pgx.Tx) error {
+		// The lock first, the count in a statement of its own: under READ COMMITTED its snapshot
+		// then sees every lease a previous holder of the lock committed.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('berth environment capacity ' || $1, 0))`,
+			req.EnvironmentID); err != nil {
+			return fmt.Errorf("acquire lease: capacity: %w", err)
+		}
+		var live int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM environment_leases
+			WHERE environment_id = $1 AND status IN ('acquiring', 'active', 'releasing') AND run_id IS DISTINCT FROM $2::uuid`,
+			req.EnvironmentID, nullable(req.RunID)).Scan(&live); err != nil {
+			return fmt.Errorf("acquire lease: capacity: %w", err)
+		}
+		if live >= capacity {
+			return fmt.Errorf("acquire lease: the environment runs %d of its %d: %w", live, capacity, ErrLeaseBusy)
+		}
+		var err error
+		l, err = AcquireLease(ctx, tx, req)
+		return err
+	})
+	return l, err
 }
 
 // leaseTargetsUsable explains why a lease on req's environment and workspace was not inserted when

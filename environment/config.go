@@ -40,6 +40,7 @@ const (
 	DefaultSandboxPidsMax  = 512
 	DefaultSandboxTimeoutS = 3600
 	DefaultSSHPort         = 22
+	MaxParallelRunsLimit   = 1000
 )
 
 // Config is an environment's validated, normalized configuration without its secret values:
@@ -56,6 +57,9 @@ type Config struct {
 	SSH     SSHConfig
 	Sandbox SandboxConfig
 	Env     []EnvVar
+	// MaxParallelRuns is the environment's capacity: how many runs may hold a lease on it at once
+	// (0: no bound beyond the workers). Runs past it wait in the queue (jobs/provision.go).
+	MaxParallelRuns int
 }
 
 // SSHConfig is where and as whom the ssh driver connects. HostKey is the pinned public key in
@@ -116,13 +120,13 @@ type FieldErrors map[string]string
 func allowedKeys(driver string) []string {
 	switch driver {
 	case DriverSSH:
-		return []string{"host", "port", "user", "private_key", "host_key", "base_dir", "env"}
+		return []string{"host", "port", "user", "private_key", "host_key", "base_dir", "env", "max_parallel_runs"}
 	case DriverLocal:
-		return []string{"containment", "mask", "env"}
+		return []string{"containment", "mask", "env", "max_parallel_runs"}
 	case DriverSandbox:
-		return []string{"network", "setup_network", "memory_mb", "cpus", "pids_max", "timeout_s", "env"}
+		return []string{"network", "setup_network", "memory_mb", "cpus", "pids_max", "timeout_s", "env", "max_parallel_runs"}
 	default:
-		return []string{"env"}
+		return []string{"env", "max_parallel_runs"}
 	}
 }
 

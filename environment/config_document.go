@@ -26,9 +26,10 @@ type redactedEnv struct {
 }
 
 type localDoc struct {
-	Containment string   `json:"containment,omitempty"`
-	Mask        []string `json:"mask,omitempty"`
-	Env         []envDoc `json:"env"`
+	Containment     string   `json:"containment,omitempty"`
+	Mask            []string `json:"mask,omitempty"`
+	Env             []envDoc `json:"env"`
+	MaxParallelRuns int      `json:"max_parallel_runs,omitempty"`
 }
 
 type sshDoc struct {
@@ -38,16 +39,19 @@ type sshDoc struct {
 	HostKey string   `json:"host_key"`
 	BaseDir string   `json:"base_dir,omitempty"`
 	Env     []envDoc `json:"env"`
+	// MaxParallelRuns, in every driver's document: Config.MaxParallelRuns (0 is not stored).
+	MaxParallelRuns int `json:"max_parallel_runs,omitempty"`
 }
 
 type sandboxDoc struct {
-	Network      bool     `json:"network"`
-	SetupNetwork bool     `json:"setup_network"`
-	MemoryMB     int      `json:"memory_mb"`
-	CPUs         float64  `json:"cpus"`
-	PidsMax      int      `json:"pids_max"`
-	TimeoutS     int      `json:"timeout_s"`
-	Env          []envDoc `json:"env"`
+	Network         bool     `json:"network"`
+	SetupNetwork    bool     `json:"setup_network"`
+	MemoryMB        int      `json:"memory_mb"`
+	CPUs            float64  `json:"cpus"`
+	PidsMax         int      `json:"pids_max"`
+	TimeoutS        int      `json:"timeout_s"`
+	Env             []envDoc `json:"env"`
+	MaxParallelRuns int      `json:"max_parallel_runs,omitempty"`
 }
 
 // doc is the stored shape of c for its driver.
@@ -58,13 +62,14 @@ func (c Config) doc() any {
 	}
 	switch c.Driver {
 	case DriverSSH:
-		return sshDoc{Host: c.SSH.Host, Port: c.SSH.Port, User: c.SSH.User, HostKey: c.SSH.HostKey, BaseDir: c.SSH.BaseDir, Env: env}
+		return sshDoc{Host: c.SSH.Host, Port: c.SSH.Port, User: c.SSH.User, HostKey: c.SSH.HostKey, BaseDir: c.SSH.BaseDir, Env: env,
+			MaxParallelRuns: c.MaxParallelRuns}
 	case DriverSandbox:
 		s := c.Sandbox
 		return sandboxDoc{Network: s.Network, SetupNetwork: s.SetupNetwork, MemoryMB: s.MemoryMB, CPUs: s.CPUs,
-			PidsMax: s.PidsMax, TimeoutS: s.TimeoutS, Env: env}
+			PidsMax: s.PidsMax, TimeoutS: s.TimeoutS, Env: env, MaxParallelRuns: c.MaxParallelRuns}
 	default:
-		d := localDoc{Mask: c.Masks, Env: env}
+		d := localDoc{Mask: c.Masks, Env: env, MaxParallelRuns: c.MaxParallelRuns}
 		if c.Containment == ContainmentNone {
 			d.Containment = ContainmentNone // "jail" is the default and not stored
 		}
@@ -111,7 +116,7 @@ func Load(driver string, doc []byte) (Config, error) {
 	case DriverLocal:
 		var d localDoc
 		err = strictUnmarshal(doc, &d)
-		env, c.Masks, c.Containment = d.Env, d.Mask, ContainmentJail
+		env, c.Masks, c.Containment, c.MaxParallelRuns = d.Env, d.Mask, ContainmentJail, d.MaxParallelRuns
 		if d.Containment == ContainmentNone {
 			c.Containment = ContainmentNone
 		}
@@ -119,12 +124,13 @@ func Load(driver string, doc []byte) (Config, error) {
 		var d sshDoc
 		err = strictUnmarshal(doc, &d)
 		c.SSH, env = SSHConfig{Host: d.Host, Port: d.Port, User: d.User, HostKey: d.HostKey, BaseDir: d.BaseDir}, d.Env
+		c.MaxParallelRuns = d.MaxParallelRuns
 	case DriverSandbox:
 		var d sandboxDoc
 		err = strictUnmarshal(doc, &d)
 		c.Sandbox = SandboxConfig{Network: d.Network, SetupNetwork: d.SetupNetwork, MemoryMB: d.MemoryMB,
 			CPUs: d.CPUs, PidsMax: d.PidsMax, TimeoutS: d.TimeoutS}
-		env = d.Env
+		env, c.MaxParallelRuns = d.Env, d.MaxParallelRuns
 	default:
 		err = fmt.Errorf("unknown driver %q", driver)
 	}

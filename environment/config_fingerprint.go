@@ -15,6 +15,7 @@ import (
 // rename does not. The secrets enter as an HMAC keyed by their salt, so the fingerprint reveals
 // nothing about them.
 func Fingerprint(c Config, s Secrets, activeImage string) string {
+	c.MaxParallelRuns = 0           // capacity is scheduling, not what a probe qualified
 	doc, _ := json.Marshal(c.doc()) // plain structs always marshal
 	secrets := ""
 	if !s.Empty() {

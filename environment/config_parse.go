@@ -52,6 +52,7 @@ func Parse(driver string, raw []byte, stored *Secrets) (Config, Secrets, FieldEr
 		c.Sandbox = p.sandbox()
 	}
 	c.Env, sec.Env = p.env(stored)
+	c.MaxParallelRuns = p.integer("max_parallel_runs", 0, 0, MaxParallelRunsLimit)
 	if len(errs) > 0 {
 		return Config{}, Secrets{}, errs
 	}

@@ -26,6 +26,7 @@ type environmentFormValues struct {
 	Network, SetupNet       bool
 	MemoryMB, CPUs, PidsMax string
 	TimeoutS                string
+	MaxParallelRuns         string // every driver
 	Env, SecretEnv          string
 	plainCount              int // env entries that came from the Env field, for mapping errors back
 }
@@ -47,7 +48,7 @@ func readEnvironmentForm(w http.ResponseWriter, r *http.Request) (environmentFor
 		Host: v("host"), Port: v("port"), User: v("user"), PrivateKey: v("private_key"), HostKey: v("host_key"),
 		SandboxFields: v("sandbox_fields") != "", Network: v("network") != "", SetupNet: v("setup_network") != "",
 		MemoryMB: v("memory_mb"), CPUs: v("cpus"), PidsMax: v("pids_max"), TimeoutS: v("timeout_s"),
-		Env: v("env"), SecretEnv: v("secret_env"),
+		MaxParallelRuns: v("max_parallel_runs"), Env: v("env"), SecretEnv: v("secret_env"),
 	}, nil
 }
 
@@ -88,6 +89,7 @@ func (f *environmentFormValues) input() (environmentInput, map[string]string) {
 		envFormNumber(cfg, "pids_max", f.PidsMax)
 		envFormNumber(cfg, "timeout_s", f.TimeoutS)
 	}
+	envFormNumber(cfg, "max_parallel_runs", f.MaxParallelRuns)
 	plain, errPlain := envFormLines(f.Env, false)
 	secret, errSecret := envFormLines(f.SecretEnv, true)
 	if errPlain != "" {
@@ -168,6 +170,7 @@ func (f environmentFormValues) refill(form views.EnvironmentForm, errs map[strin
 		form.Network, form.SetupNet = f.Network, f.SetupNet
 	}
 	form.MemoryMB, form.CPUs, form.PidsMax, form.TimeoutS = f.MemoryMB, f.CPUs, f.PidsMax, f.TimeoutS
+	form.MaxParallelRuns = f.MaxParallelRuns
 	form.Env = f.Env
 	var names []string
 	typedValues := false

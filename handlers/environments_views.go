@@ -104,6 +104,20 @@ func (s *Server) renderEnvironment(w http.ResponseWriter, r *http.Request, a acc
 // environmentSettingsView phrases a configuration for the page; the private key only as "set".
 // activeImage names a sandbox's active image version ("" when it has none).
 func environmentSettingsView(c environment.Config, activeImage string) []views.EnvironmentSetting {
+	return append(driverSettingsView(c, activeImage), parallelRunsSetting(c.MaxParallelRuns))
+}
+
+// parallelRunsSetting is the environment's capacity line.
+func parallelRunsSetting(n int) views.EnvironmentSetting {
+	if n == 0 {
+		return views.EnvironmentSetting{Label: "Parallel runs", Value: "no limit", Hint: "Bounded only by the workers."}
+	}
+	return views.EnvironmentSetting{Label: "Parallel runs", Value: "at most " + strconv.Itoa(n),
+		Hint: "More runs wait in the queue until one ends."}
+}
+
+// driverSettingsView is the settings of c's driver.
+func driverSettingsView(c environment.Config, activeImage string) []views.EnvironmentSetting {
 	switch c.Driver {
 	case environment.DriverSSH:
 		return []views.EnvironmentSetting{
@@ -204,6 +218,9 @@ func editEnvironmentForm(env db.Environment, cfg environment.Config, driver stri
 		}
 	}
 	f.Env, f.SecretEnv = strings.Join(plain, "\n"), strings.Join(secret, "\n")
+	if cfg.MaxParallelRuns > 0 {
+		f.MaxParallelRuns = strconv.Itoa(cfg.MaxParallelRuns)
+	}
 	if f.Driver != env.Driver {
 		return f
 	}

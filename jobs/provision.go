@@ -83,8 +83,8 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 		db.RunUpdate{ExecutionWorkspaceID: &ws.ID}); err != nil {
 		return err
 	}
-	lease, err := db.AcquireLease(ctx, w.deps.Pool, db.LeaseRequest{CompanyID: run.CompanyID, EnvironmentID: run.EnvironmentID,
-		ExecutionWorkspaceID: ws.ID, TaskID: run.TaskID, RunID: run.ID, TTL: leaseTTL})
+	lease, err := db.AcquireLeaseWithin(ctx, w.deps.Pool, db.LeaseRequest{CompanyID: run.CompanyID, EnvironmentID: run.EnvironmentID,
+		ExecutionWorkspaceID: ws.ID, TaskID: run.TaskID, RunID: run.ID, TTL: leaseTTL}, w.capacity(ctx, run))
 	if errors.Is(err, db.ErrLeaseUnavailable) && plan.ReuseWorkspaceID == "" {
 		// The workspace this run continues in began to close after the run chose it: choose
 		// again once the close is done (a new workspace), rather than fail the run.

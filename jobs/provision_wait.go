@@ -8,6 +8,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"berth/db"
+	"berth/environment"
 )
 
 // A run admitted while its task's workspace is closing (the close began after the run was
@@ -32,4 +33,19 @@ func (w *ProvisionWorker) waitForClose(ctx context.Context, run db.Run) error {
 			"The task's workspace is still closing after 10 minutes; look at its close, then run again.")
 	}
 	return river.JobSnooze(closeWaitEvery)
+}
+
+// capacity is the run's environment's max_parallel_runs (0: unbounded). A run past it waits in
+// the queue: its lease is refused as busy and the provision snoozes (snoozeBusy). An environment
+// that cannot be read has no bound here; AcquireLease then says what is wrong with it.
+func (w *ProvisionWorker) capacity(ctx context.Context, run db.Run) int {
+	env, err := db.EnvironmentByID(ctx, w.deps.Pool, run.CompanyID, run.EnvironmentID)
+	if err != nil {
+		return 0
+	}
+	cfg, err := environment.Load(env.Driver, env.Config)
+	if err != nil {
+		return 0
+	}
+	return cfg.MaxParallelRuns
 }
