@@ -43,6 +43,7 @@ type proberKey struct{}
 // itself with a prober that owns a dedicated connection.
 func (s *Server) databaseAware(next http.Handler) http.Handler {
 	prober := db.NewProber(s.pool)
+	s.prober = prober // Close closes its connection
 	health := s.handle(s.health)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := db.WatchAcquire(context.WithValue(r.Context(), proberKey{}, prober))

@@ -91,6 +91,7 @@ type Server struct {
 	imageSetup  *ImageSetup
 	local       LocalServices // this node's running services (preview_cache.go)
 	previews    *previewCache // credentials and service rows of /preview/ requests
+	prober      *db.Prober    // /api/health's own connection (dbavail.go)
 	nodes       *Nodes        // nodes.go, internal.go
 	preview     *previewProxy // the /preview/ proxy, shared with the internal listener (internal.go)
 
@@ -181,6 +182,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) Close() {
 	if s.stopUI != nil {
 		s.stopUI()
+	}
+	if s.prober != nil {
+		s.prober.Close()
 	}
 }
 
