@@ -19,6 +19,7 @@ import (
 // deleted by the housekeeping job.
 type SessionStore struct {
 	pool *pgxpool.Pool
+	mem  sessionMemory // saves that only move the expiry a little are skipped (sessions_refresh.go)
 }
 
 // NewSessionStore returns the session store for scs on pool; it starts no goroutine.
@@ -49,6 +50,7 @@ func (s *SessionStore) FindCtx(ctx context.Context, token string) (data []byte, 
 	if err != nil {
 		return nil, false, fmt.Errorf("find session: %w", err)
 	}
+	s.mem.loaded(sessionKey(token), data)
 	return data, true, nil
 }
 
@@ -60,11 +62,16 @@ func (s *SessionStore) Commit(token string, data []byte, expiry time.Time) error
 // CommitCtx stores the session's data and expiry under the hash of its token, replacing any
 // earlier version of the same session.
 func (s *SessionStore) CommitCtx(ctx context.Context, token string, data []byte, expiry time.Time) error {
+	key := sessionKey(token)
+	if s.mem.skip(key, data, expiry) {
+		return nil
+	}
 	if _, err := s.pool.Exec(ctx, `INSERT INTO sessions (token, data, expiry) VALUES ($1, $2, $3)
 		ON CONFLICT (token) DO UPDATE SET data = EXCLUDED.data, expiry = EXCLUDED.expiry`,
-		sessionKey(token), data, expiry); err != nil {
+		key, data, expiry); err != nil {
 		return fmt.Errorf("commit session: %w", err)
 	}
+	s.mem.wrote(key, data, expiry)
 	return nil
 }
 
@@ -75,6 +82,7 @@ func (s *SessionStore) Delete(token string) error {
 
 // DeleteCtx removes the session with this token; an unknown token is not an error.
 func (s *SessionStore) DeleteCtx(ctx context.Context, token string) error {
+	s.mem.forget(sessionKey(token))
 	if _, err := s.pool.Exec(ctx, `DELETE FROM sessions WHERE token = $1`, sessionKey(token)); err != nil {
 		return fmt.Errorf("delete session: %w", err)
 	}

@@ -215,3 +215,62 @@ func TestSessionMigrationDropsPlainTokens(t *testing.T) {
 		t.Fatalf("ledger for 0005: %q %v", name, err)
 	}
 }
+
+// TestSessionStoreSkipsExpiryOnlySaves: a save of the data this process last saw, moving the
+// expiry on by less than a minute, writes nothing (scs saves every request for its idle
+// timeout); a larger move, new data, or data another process wrote meanwhile is written.
+func TestSessionStoreSkipsExpiryOnlySaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := dbtest.New(t)
+	store := db.NewSessionStore(pool)
+	stored := func() (string, time.Time) {
+		t.Helper()
+		var data []byte
+		var expiry time.Time
+		if err := pool.QueryRow(ctx, `SELECT data, expiry FROM sessions WHERE token = $1`, sha256Hex("tok")).Scan(&data, &expiry); err != nil {
+			t.Fatal(err)
+		}
+		return string(data), expiry
+	}
+	t0 := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	commit := func(data string, expiry time.Time) {
+		t.Helper()
+		if err := store.CommitCtx(ctx, "tok", []byte(data), expiry); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commit("a", t0)
+	commit("a", t0.Add(10*time.Second))
+	if _, e := stored(); !e.Equal(t0) {
+		t.Fatalf("an expiry-only save 10 s on was written: %v, want %v", e, t0)
+	}
+	commit("a", t0.Add(2*time.Minute))
+	if _, e := stored(); !e.Equal(t0.Add(2 * time.Minute)) {
+		t.Fatalf("a save 2 min on was skipped: %v", e)
+	}
+	commit("b", t0.Add(2*time.Minute+time.Second))
+	if d, _ := stored(); d != "b" {
+		t.Fatalf("new data was skipped: %q", d)
+	}
+	// Another process writes "c"; this one loads it, and saving its own earlier "b" again must
+	// be written, not skipped as "what it wrote".
+	if _, err := pool.Exec(ctx, `UPDATE sessions SET data = 'c' WHERE token = $1`, sha256Hex("tok")); err != nil {
+		t.Fatal(err)
+	}
+	if data, found, err := store.FindCtx(ctx, "tok"); err != nil || !found || string(data) != "c" {
+		t.Fatalf("find = %q %v %v", data, found, err)
+	}
+	commit("b", t0.Add(2*time.Minute+2*time.Second))
+	if d, _ := stored(); d != "b" {
+		t.Fatalf("a save over another process's data was skipped: %q", d)
+	}
+	// After a delete, a save is written.
+	if err := store.DeleteCtx(ctx, "tok"); err != nil {
+		t.Fatal(err)
+	}
+	commit("b", t0.Add(2*time.Minute+3*time.Second))
+	if d, _ := stored(); d != "b" {
+		t.Fatalf("after delete: %q", d)
+	}
+}
