@@ -106,6 +106,13 @@ func (c *Cluster) superviseLoop(ctx context.Context, bin binaries, fast bool) {
 			}
 			wait = min(wait*2, restartMax)
 			next, err := c.restart(ctx, bin, fast)
+			if err == nil {
+				// Even when Stop began meanwhile: it shuts down the current postmaster once this
+				// loop has returned, so the one just started must be the current one.
+				c.mu.Lock()
+				c.proc = next
+				c.mu.Unlock()
+			}
 			if ctx.Err() != nil {
 				return
 			}
@@ -114,9 +121,6 @@ func (c *Cluster) superviseLoop(ctx context.Context, bin binaries, fast bool) {
 					"err", err, "retry_in", wait)
 				continue
 			}
-			c.mu.Lock()
-			c.proc = next
-			c.mu.Unlock()
 			c.sup.restarts.Add(1)
 			started = time.Now()
 			c.log.Info("restarted embedded PostgreSQL", "dir", c.paths.dir, "pid", next.cmd.Process.Pid,
@@ -136,7 +140,9 @@ func (c *Cluster) restart(ctx context.Context, bin binaries, fast bool) (*proc, 
 	if err := killLeftovers(ctx, c.paths.data); err != nil {
 		return nil, err
 	}
-	return startPostgres(ctx, c.paths, bin, fast)
+	// Not cancelled by Stop: a postmaster once started finishes starting and is handed back, so
+	// Stop shuts it down instead of leaving it behind (startPostgres bounds the wait itself).
+	return startPostgres(context.WithoutCancel(ctx), c.paths, bin, fast)
 }
 
 // killLeftovers SIGKILLs what remains of a dead postmaster's server (backends and

@@ -3,6 +3,7 @@ package pgembed_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -179,7 +180,13 @@ func TestSupervisorKillsStuckBackend(t *testing.T) {
 	if err := syscall.Kill(backend, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = syscall.Kill(backend, syscall.SIGKILL) })
+	t.Cleanup(func() { // only while it is still that stopped backend: pids are reused (pid_max may be 32768)
+		if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", backend)); err == nil {
+			if end := bytes.LastIndexByte(stat, ')'); end > 0 && end+2 < len(stat) && stat[end+2] == 'T' {
+				_ = syscall.Kill(backend, syscall.SIGKILL)
+			}
+		}
+	})
 	if err := syscall.Kill(c.Pid(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
