@@ -125,7 +125,7 @@ func (w *ProbeEnvironmentWorker) Work(ctx context.Context, job *river.Job[ProbeE
 }
 
 // probe builds the driver exactly as a run would and probes it. A driver that cannot be built
-// here (not implemented, bubblewrap missing, secrets that do not open) is a failed probe with the
+// here (bubblewrap missing, an image not built, secrets that do not open) is a failed probe with the
 // reason, not an error; the error is only for a probe interrupted by its context.
 func (w *ProbeEnvironmentWorker) probe(ctx context.Context, run db.Run) (environment.ProbeResult, error) {
 	drv, err := w.driverFor(ctx, run)

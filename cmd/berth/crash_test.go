@@ -222,31 +222,17 @@ func (w *crashWorld) crash(p *worker) {
 // waitFor polls cond every 100 ms until it holds or within passes.
 func (w *crashWorld) waitFor(what string, within time.Duration, cond func() bool) {
 	w.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			w.t.Fatalf("%s did not happen within %s", what, within)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitUntil(w.t, what, within, cond)
 }
 
 func (w *crashWorld) run(id string) db.Run {
 	w.t.Helper()
-	r, err := db.RunForJob(context.Background(), w.pool, id)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return r
+	return runRow(w.t, w.pool, id)
 }
 
 func (w *crashWorld) count(sql string, args ...any) int {
 	w.t.Helper()
-	var n int
-	if err := w.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		w.t.Fatal(err)
-	}
-	return n
+	return countRows(w.t, w.pool, sql, args...)
 }
 
 // inWorkspace is the path of name in the world's one execution workspace, looked up when called

@@ -259,31 +259,17 @@ func (c *nodeCluster) runOf(task string) string {
 
 func (c *nodeCluster) run(id string) db.Run {
 	c.t.Helper()
-	r, err := db.RunForJob(context.Background(), c.pool, id)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return r
+	return runRow(c.t, c.pool, id)
 }
 
 func (c *nodeCluster) count(sql string, args ...any) int {
 	c.t.Helper()
-	var n int
-	if err := c.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		c.t.Fatal(err)
-	}
-	return n
+	return countRows(c.t, c.pool, sql, args...)
 }
 
 func (c *nodeCluster) waitFor(what string, within time.Duration, cond func() bool) {
 	c.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%s did not happen within %s", what, within)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitUntil(c.t, what, within, cond)
 }
 
 // settled: the run ended and its workspace's finalize settled.
