@@ -48,8 +48,15 @@ type crashWorld struct {
 
 func newCrashWorld(t *testing.T, setup string) *crashWorld {
 	t.Helper()
+	return crashWorldOn(t, dbtest.ConnString(t), jailtest.Dir(t), setup)
+}
+
+// crashWorldOn seeds the database at conn (migrated) with a crash world's company, board member,
+// local environment and project; the project workspace runs setup ("" for none).
+func crashWorldOn(t *testing.T, conn, dataDir, setup string) *crashWorld {
+	t.Helper()
 	ctx := context.Background()
-	w := &crashWorld{t: t, conn: dbtest.ConnString(t), dataDir: jailtest.Dir(t)}
+	w := &crashWorld{t: t, conn: conn, dataDir: dataDir}
 	pool, err := db.Open(ctx, w.conn)
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +73,9 @@ func newCrashWorld(t *testing.T, setup string) *crashWorld {
 		t.Fatal(err)
 	}
 	w.user = u.ID
+	if _, err := db.AddMember(ctx, pool, co.ID, u.ID, db.RoleBoard); err != nil {
+		t.Fatal(err)
+	}
 
 	repo := jailtest.Dir(t)
 	git := func(args ...string) {

@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,9 +13,7 @@ import (
 	"time"
 
 	"berth/db"
-	"berth/environment"
 	"berth/environment/jail/jailtest"
-	"berth/jobs"
 )
 
 // TestPostmasterKilledMidRun is DESIGN §10 end to end on the embedded default: a real
@@ -189,68 +185,7 @@ func TestPostmasterKilledMidRun(t *testing.T) {
 // repository.
 func embeddedWorld(t *testing.T, conn, dataDir string) *crashWorld {
 	t.Helper()
-	ctx := context.Background()
-	w := &crashWorld{t: t, conn: conn, dataDir: dataDir}
-	pool, err := db.Open(ctx, conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	w.pool = pool
-	co, err := db.CreateCompany(ctx, pool, "Acme", "acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.company = co.ID
-	u, err := db.CreateUser(ctx, pool, "board@example.com", "x", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.user = u.ID
-	if _, err := db.AddMember(ctx, pool, co.ID, u.ID, db.RoleBoard); err != nil {
-		t.Fatal(err)
-	}
-	repo := jailtest.Dir(t)
-	for _, args := range [][]string{{"init", "-q", "--initial-branch=main"}, {"add", "-A"},
-		{"-c", "user.name=T", "-c", "user.email=t@example.com", "commit", "-qm", "init"}} {
-		if args[0] == "add" {
-			if err := os.WriteFile(filepath.Join(repo, "README.md"), []byte("hello\n"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		cmd := exec.Command("git", args...)
-		cmd.Dir = repo
-		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v %s", args, err, out)
-		}
-	}
-	doc, err := environment.Config{Driver: "local"}.Document()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := db.CreateEnvironment(ctx, pool, db.NewEnvironment{ID: "6f0d3a52-7a0f-4e47-9d43-0000000a7a6e", CompanyID: w.company, Name: "local", Driver: "local", Config: doc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := db.CreateProject(ctx, pool, w.company, db.ProjectFields{Name: "P", Key: "PRJ", Policy: db.ExecutionPolicy{
-		DefaultMode: "isolated", EnvironmentID: env.ID, Strategy: "git_worktree", BranchTemplate: "berth/{task_key}"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.project = p.ID
-	pw, err := db.CreateProjectWorkspace(ctx, pool, w.company, p.ID, db.ProjectWorkspaceFields{Name: "main",
-		SourceType: "git", Source: repo, DefaultRef: "main"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.SetPrimaryProjectWorkspace(ctx, pool, w.company, p.ID, pw.ID); err != nil {
-		t.Fatal(err)
-	}
-	if w.ins, err = jobs.NewClient(jobs.Deps{Pool: pool, Log: slog.New(slog.DiscardHandler)}, jobs.ClientOptions{Work: false}); err != nil {
-		t.Fatal(err)
-	}
-	return w
+	return crashWorldOn(t, conn, dataDir, "")
 }
 
 // memberToken gives the world's board member an API token.
