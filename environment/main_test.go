@@ -12,8 +12,8 @@ import (
 )
 
 // testRoot is where tests put workspaces: outside /tmp (the jail gives every command a private
-// /tmp, which would hide a workspace there by accident and prove nothing) and traversable by the
-// berth-run user when the tests run as root.
+// /tmp, which would hide a workspace there by accident and prove nothing) and below a 0700
+// directory the run user cannot enter, as a data dir under /root would be.
 var testRoot string
 
 // testJail is this machine's jail; the tests need bubblewrap (make test installs it).
@@ -36,11 +36,7 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	testRoot = dir
+	testRoot = dir // 0700
 	return m.Run()
 }
 
@@ -49,9 +45,6 @@ func workDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp(testRoot, filepath.Base(t.Name())+"-")
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(d, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(d) })

@@ -3,6 +3,7 @@ package environment
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -87,7 +88,7 @@ func TestSandbox(t *testing.T) {
 		})
 	}
 	allowed := []struct{ name, command, want string }{
-		{"run as uid 1000", "id -u; id -g", "1000\n1000\n"},
+		{"run as the sandbox user", "id -u; id -g", fmt.Sprintf("%d\n%d\n", testJail.SandboxUser().UID, testJail.SandboxUser().GID)},
 		{"work in /workspace", "pwd; echo ok > made.txt; cat made.txt", "/workspace\nok\n"},
 		{"write a private /tmp", "echo ok > /tmp/x && cat /tmp/x", "ok\n"},
 		{"find the image's tools first on PATH", "berth-hello; echo $PATH | cut -d: -f1", "hello from the image\n/opt/image/bin\n"},

@@ -48,7 +48,7 @@ func SetupShellCommand(s SetupShell) (*exec.Cmd, func(), error) {
 		Image: s.Layer, Network: s.Config.SetupNetwork, Command: setupShellCommand,
 		Env:    map[string]string{"TERM": "xterm-256color", "LANG": "C.UTF-8", "HOME": "/tmp"},
 		Limits: jail.Limits{PidsMax: s.Config.PidsMax}}
-	c, err := jail.Build(spec)
+	c, err := s.Jail.Build(spec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("setup shell: %w: %w", err, ErrInvalidRequest)
 	}

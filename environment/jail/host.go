@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"os/user"
@@ -17,16 +16,12 @@ import (
 // RunUser is the unprivileged host user jailed processes run as when Berth runs as root.
 const RunUser = "berth-run"
 
-// Identity is a host uid/gid.
-type Identity struct {
-	UID, GID int
-}
-
-// Host is what this machine offers jails: where bubblewrap and prlimit are, and the host identity
-// jailed processes run as (nil: Berth's own, when Berth is not root).
+// Host is what this machine offers jails: where bubblewrap, prlimit and setpriv are, and the
+// host identity jailed processes run as (nil: Berth's own, when Berth is not root).
 type Host struct {
 	Bwrap    string
 	Prlimit  string
+	Setpriv  string
 	Identity *Identity
 }
 
@@ -47,6 +42,9 @@ func Detect(ctx context.Context) (Host, error) {
 	}
 	if os.Geteuid() != 0 {
 		return h, nil
+	}
+	if h.Setpriv, err = lookTool("setpriv"); err != nil {
+		return Host{}, fmt.Errorf("jail: setpriv is not installed (apt-get install util-linux): %w", ErrUnavailable)
 	}
 	id, err := runUser(ctx)
 	if err != nil {
@@ -99,17 +97,89 @@ func identityOf(u *user.User) (Identity, error) {
 	return Identity{UID: uid, GID: gid}, nil
 }
 
+// Build completes s with this host's tools and identity and builds its jail (see the package
+// doc): bubblewrap's path, prlimit's and setpriv's, the run user to drop to when Berth is root,
+// and, for the local profile, a mask over every directory on the way to a bind that the run
+// user may not enter (its contents were out of the run user's reach anyway; the binds below it
+// are re-exposed through directories the jail makes).
+func (h Host) Build(s Spec) (Cmd, error) {
+	s.Bwrap, s.Prlimit, s.Setpriv, s.RunAs = h.Bwrap, h.Prlimit, h.Setpriv, h.Identity
+	if s.Profile == Local && h.Identity != nil {
+		s.Masks = append(slices.Clone(s.Masks), h.closedAncestors(s)...)
+	}
+	return Build(s)
+}
+
+// closedAncestors are the directories, outside the jail's own tmpfs mounts, on the way to a
+// bind of s that the run user cannot traverse on this host (the highest one of each chain).
+func (h Host) closedAncestors(s Spec) []string {
+	dsts := []string{s.Workspace}
+	if s.Home != "" {
+		dsts = append(dsts, s.Home)
+	}
+	for _, b := range append(slices.Clone(s.ReadOnly), s.ReadWrite...) {
+		dsts = append(dsts, b.dst())
+	}
+	covered := func(d string) bool {
+		if Within(d, "/tmp") {
+			return true
+		}
+		for _, m := range s.Masks {
+			if Within(d, m) {
+				return true
+			}
+		}
+		return false
+	}
+	var out []string
+	for _, dst := range dsts {
+		var chain []string
+		for d := filepath.Dir(dst); d != "/"; d = filepath.Dir(d) {
+			chain = append(chain, d)
+		}
+		slices.Reverse(chain)
+		for _, d := range chain {
+			if covered(d) || slices.Contains(out, d) {
+				break
+			}
+			if !h.traversable(d) {
+				out = append(out, d)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// traversable reports whether the run user may enter dir (search permission by owner, group or
+// others). Errors count as not traversable, and so a mask: the safe side.
+func (h Host) traversable(dir string) bool {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return false
+	}
+	perm := fi.Mode().Perm()
+	switch {
+	case int(st.Uid) == h.Identity.UID:
+		return perm&0o100 != 0
+	case int(st.Gid) == h.Identity.GID:
+		return perm&0o010 != 0
+	}
+	return perm&0o001 != 0
+}
+
 // Command makes the exec.Cmd of a built jail: bwrap in a new session (its own process group),
-// killed with Berth (Pdeathsig; bwrap's --die-with-parent does the same for the jail), started as
-// h.Identity when set, with the jail's data files on fds 3…. The caller sets Stdin/Stdout/Stderr.
-// The returned func closes Berth's ends of the data pipes once the command has started.
+// killed with Berth (Pdeathsig; bwrap's --die-with-parent does the same for the jail), with the
+// jail's data files on fds 3…. bwrap runs as Berth itself (root when the command drops to the run
+// user inside, see Build). The caller sets Stdin/Stdout/Stderr. The returned func closes Berth's
+// ends of the data pipes once the command has started.
 func (h Host) Command(c Cmd) (*exec.Cmd, func(), error) {
 	cmd := &exec.Cmd{Path: c.Path, Args: c.Args, Env: c.Env, Dir: c.Dir}
-	attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-	if h.Identity != nil {
-		attr.Credential = &syscall.Credential{Uid: uint32(h.Identity.UID), Gid: uint32(h.Identity.GID), Groups: []uint32{}}
-	}
-	cmd.SysProcAttr = attr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	var readers []*os.File
 	closeAll := func() {
 		for _, r := range readers {
@@ -136,10 +206,11 @@ func (h Host) Command(c Cmd) (*exec.Cmd, func(), error) {
 	return cmd, closeAll, nil
 }
 
-// HandOver makes the run user the owner of every file under root (not following symlinks), so a
-// jailed run can write its workspace and HOME. It is nothing to do when Berth is not root, and
-// cheap when root already belongs to the run user. Symlinks and hard-linked files are changed on
-// the link itself only (Lchown), never through it.
+// HandOver makes the run user the owner of every file under root, so a jailed run can write its
+// workspace and HOME. It is nothing to do when Berth is not root, and cheap when root already
+// belongs to the run user. The walk is on descriptors (tree.go): it never follows a symlink, not
+// even one a live process of an earlier run swaps in for a directory mid-walk; symlinks change on
+// the link itself, and files with several hard links are left alone.
 func (h Host) HandOver(root string) error {
 	if h.Identity == nil || !absClean(root) || root == "/" {
 		return nil
@@ -155,109 +226,15 @@ func (h Host) HandBack(root string) error {
 	return chownTree(root, os.Geteuid(), os.Getegid())
 }
 
-func chownTree(root string, uid, gid int) error {
-	fi, err := os.Lstat(root)
-	if err != nil {
-		return fmt.Errorf("hand over: %w", err)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid && int(st.Gid) == gid {
-		return nil // already there: the root changes hands last, so the whole tree did before it
-	}
-	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p == root {
-			return nil
-		}
-		return os.Lchown(p, uid, gid)
-	})
-	if err == nil {
-		err = os.Lchown(root, uid, gid)
-	}
-	if err != nil {
-		return fmt.Errorf("hand over: %w", err)
-	}
-	return nil
-}
-
-// GrantTraverse lets the run user's group pass through dir (mode 0710, group = the run user's
-// group) without listing it, so bubblewrap, started as the run user, can reach the workspaces and
-// git stores below a private data dir. Nothing to do when Berth is not root.
-func (h Host) GrantTraverse(dir string) error {
-	if h.Identity == nil {
-		return nil
-	}
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("grant traverse: %w", err)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fmt.Errorf("grant traverse: no ownership information")
-	}
-	if int(st.Gid) != h.Identity.GID && fi.Mode().Perm()&0o001 == 0 {
-		if err := os.Chown(dir, int(st.Uid), h.Identity.GID); err != nil {
-			return fmt.Errorf("grant traverse: %w", err)
-		}
-	}
-	if fi.Mode().Perm()&0o011 == 0 {
-		if err := os.Chmod(dir, fi.Mode().Perm()|0o010); err != nil {
-			return fmt.Errorf("grant traverse: %w", err)
-		}
-	}
-	return nil
-}
-
-// Reachable reports whether the run user can traverse every directory from / down to p (the bind
-// sources bubblewrap opens as that user), so a refusal can name the fix before a run fails.
-func (h Host) Reachable(p string) bool {
-	if h.Identity == nil {
-		return true
-	}
-	for dir := filepath.Dir(p); ; dir = filepath.Dir(dir) {
-		fi, err := os.Stat(dir)
-		if err != nil {
-			return false
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return false
-		}
-		perm := fi.Mode().Perm()
-		switch {
-		case int(st.Uid) == h.Identity.UID:
-			if perm&0o100 == 0 {
-				return false
-			}
-		case int(st.Gid) == h.Identity.GID:
-			if perm&0o010 == 0 {
-				return false
-			}
-		default:
-			if perm&0o001 == 0 {
-				return false
-			}
-		}
-		if dir == "/" {
-			return true
-		}
-	}
-}
-
 // Prepare readies the host for one jail of s when Berth is root: the trees the run writes (the
-// workspace, HOME and the given private stores) are handed to the run user, and the directories
-// inside within (Berth's data dir) that lead to a bind source are made traversable for it. It
-// fails with ErrUnavailable, naming the fix, when the run user still cannot reach a source.
+// workspace, HOME and the given private stores) are handed to the run user, never following a
+// symlink. Only trees Berth made below its data dir (within) change hands: never a user's
+// directory (a shared workspace is the user's own checkout), never anything above the data dir,
+// and no directory's mode changes (bubblewrap runs as root and reaches every bind source).
 func (h Host) Prepare(s Spec, within string, owned ...string) error {
 	if h.Identity == nil {
 		return nil
 	}
-	if err := s.check(); err != nil {
-		return err
-	}
-	// Only trees Berth made below its data dir change hands: never a user's directory (a shared
-	// workspace is the user's own checkout), never anything above the data dir.
 	for _, p := range append([]string{s.Workspace, s.Home}, owned...) {
 		if p == "" || within == "" || p == within || !Within(p, within) {
 			continue
@@ -266,30 +243,14 @@ func (h Host) Prepare(s Spec, within string, owned ...string) error {
 			return err
 		}
 	}
-	srcs := []string{s.Workspace}
-	if s.Home != "" {
-		srcs = append(srcs, s.Home)
-	}
-	if s.Image != "" {
-		srcs = append(srcs, s.Image)
-	}
-	for _, b := range append(slices.Clone(s.ReadOnly), s.ReadWrite...) {
-		srcs = append(srcs, b.Src)
-	}
-	for _, src := range srcs {
-		if within != "" {
-			for dir := filepath.Dir(src); Within(dir, within); dir = filepath.Dir(dir) {
-				if err := h.GrantTraverse(dir); err != nil {
-					return err
-				}
-				if dir == within {
-					break
-				}
-			}
-		}
-		if !h.Reachable(src) {
-			return fmt.Errorf("jail: the %s user cannot reach a directory the run needs (the data dir or the source repository sits below a directory other users may not enter, such as /root; move it, or let others traverse its parents with chmod o+x): %w", RunUser, ErrUnavailable)
-		}
-	}
 	return nil
+}
+
+// SandboxUser is the uid and gid a sandboxed process has inside its jail on this host: the run
+// user itself when Berth is root, else SandboxUID and SandboxGID of the jail's user namespace.
+func (h Host) SandboxUser() Identity {
+	if h.Identity != nil {
+		return *h.Identity
+	}
+	return Identity{UID: SandboxUID, GID: SandboxGID}
 }

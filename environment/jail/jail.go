@@ -1,19 +1,29 @@
-// Package jail builds the bubblewrap command every process Berth starts for a task or an image runs
-// in. One builder, three profiles (docs/security.md, "What a run can see"):
+// Package jail builds the bubblewrap command every process Berth starts for a task or an image
+// runs in. One builder, four profiles (docs/security.md, "What a run can see"):
 //
 //   - Local: the host root read-only, Berth's data dir, the server user's home and the configured
 //     masks hidden behind empty tmpfs, the workspace read-write at its real path, the git paths a run
-//     needs to commit on its task branch, a private HOME and a private /tmp; host network.
+//     needs to commit on its task branch, a private HOME and a private /tmp.
 //   - Sandbox: an explicit minimal root (never the host /): /usr and a few /etc files read-only,
-//     the image layer read-only at /opt/image, the workspace at /workspace, network off unless
-//     configured, uid/gid 1000 inside with every capability dropped, rlimits from the config.
+//     the image layer read-only at /opt/image, the workspace at /workspace, every capability
+//     dropped, rlimits from the config.
 //   - Setup: the sandbox profile with the image layer writable.
+//   - Git: the explicit minimal root of the sandbox with the workspace and the git paths at their
+//     real paths and no network: where Berth's own git commands that interpret what a run wrote
+//     (`git add`, `git status`, a rescue snapshot) run, as the run user (package workspace).
 //
 // Every profile has its own pid namespace (when its first process exits, the kernel kills
 // everything left in it, daemonized or not), dies with Berth (--die-with-parent) and runs in a new
-// session (no TIOCSTI into Berth's terminal). Build is a pure function of its Spec, so what a jail
-// promises is table-tested without running anything; jail_test.go then checks the promises on real
-// bubblewrap.
+// session (no TIOCSTI into Berth's terminal). Its network is the one bubblewrap starts in
+// (Spec.Network: a workspace's own namespace, see package netns) or none but its own loopback.
+//
+// Who builds the mounts: when Berth runs as root, bubblewrap runs as root too (so it can open a
+// data dir or a repository below directories others may not enter, such as /root) and the
+// command drops to the run user inside the jail with setpriv, before anything of the run starts:
+// no capabilities, no new privileges, no supplementary groups. When Berth is not root,
+// bubblewrap runs as Berth in a user namespace of its own. Build is a pure function of its Spec,
+// so what a jail promises is table-tested without running anything; jail_test.go then checks the
+// promises on real bubblewrap.
 package jail
 
 import (
@@ -34,18 +44,21 @@ const (
 	Local   Profile = "local"
 	Sandbox Profile = "sandbox"
 	Setup   Profile = "setup"
+	Git     Profile = "git"
 )
 
 // ErrInvalid means a Spec cannot be turned into a jail (a relative path, a missing workspace, a
 // mask that would hide the workspace itself…). Nothing was started.
 var ErrInvalid = errors.New("invalid jail spec")
 
-// ErrUnavailable means this host cannot build jails: bubblewrap (or util-linux's prlimit) is
-// missing, or the run user cannot be created. Runs on a contained environment are blocked as
-// environment_unavailable with the fix in the error.
+// ErrUnavailable means this host cannot build jails: bubblewrap (or util-linux's prlimit or
+// setpriv) is missing, or the run user cannot be created. Runs on a contained environment are
+// blocked as environment_unavailable with the fix in the error.
 var ErrUnavailable = errors.New("jail unavailable")
 
-// SandboxUID and SandboxGID are the ids a sandboxed process has inside its jail.
+// SandboxUID and SandboxGID are the ids a sandboxed process has inside its jail when Berth is not
+// root (a user namespace maps them to Berth's uid). When Berth is root there is no such mapping:
+// a sandboxed process is the run user itself (Spec.RunAs), inside as outside.
 const (
 	SandboxUID = 1000
 	SandboxGID = 1000
@@ -58,6 +71,7 @@ const (
 	SandboxWorkdir = "/workspace"
 	sandboxHome    = "/tmp"
 	sandboxPATH    = ImagePath + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	defaultPATH    = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
 // Bind is one host path made visible in the jail at Dst (Dst = Src when empty).
@@ -90,34 +104,49 @@ type Limits struct {
 	PidsMax  int // RLIMIT_NPROC of the run user
 }
 
+// Identity is a host uid/gid.
+type Identity struct {
+	UID, GID int
+}
+
 // Spec is one command to run in a jail.
 type Spec struct {
 	Profile Profile
 	// Bwrap is the absolute path of bubblewrap; Prlimit that of util-linux's prlimit (sandbox
-	// limits only).
+	// limits only); Setpriv that of util-linux's setpriv (RunAs only).
 	Bwrap   string
 	Prlimit string
+	Setpriv string
+	// RunAs, when set, means bubblewrap starts as root and the command drops to this identity
+	// inside the jail (setpriv: uid, gid, no supplementary groups, no capabilities, no new
+	// privileges). Nil: bubblewrap runs unprivileged in a user namespace of its own.
+	RunAs *Identity
 	// Workspace is the absolute host path of the workspace root; it is the only read-write tree
-	// besides Home, ReadWrite and /tmp. In the local profile it appears at its real path, in the
-	// sandbox profiles at /workspace.
+	// besides Home, ReadWrite and /tmp. In the local and git profiles it appears at its real path,
+	// in the sandbox profiles at /workspace.
 	Workspace string
+	// WorkspaceReadOnly binds the workspace read-only (a git status that must change nothing).
+	WorkspaceReadOnly bool
 	// Dir is the working directory, relative to the workspace root ("" = the root).
 	Dir string
 	// Home is the host directory bound read-write as HOME (local profile; kept per workspace
 	// outside its tree, so tool caches survive between runs but never enter a commit).
 	Home string
 	// Masks are host paths hidden behind an empty tmpfs before the binds (local profile): the data
-	// dir, the server user's home, the environment's configured mask paths. A mask above the
+	// dir, the server user's home, the environment's configured mask paths, and directories on
+	// the way to a bind that the run user may not enter (Host.Build adds those). A mask above the
 	// workspace hides everything around it; the workspace bind re-exposes just the workspace.
+	// Masks under /tmp are dropped: the jail's private /tmp already hides them.
 	Masks []string
-	// ReadOnly and ReadWrite are further binds, made after the masks (local profile: the git
-	// common dir read-only, the run's private git store read-write).
+	// ReadOnly and ReadWrite are further binds, made after the masks (local and git profiles: the
+	// git common dir read-only, the run's private git store read-write).
 	ReadOnly  []Bind
 	ReadWrite []Bind
 	// Image is the host directory of the sandbox image layer, mounted at /opt/image (read-only in
 	// the sandbox profile, read-write in setup).
 	Image string
-	// Network shares the host network; without it the jail has only its own loopback.
+	// Network keeps the network namespace bubblewrap starts in (the workspace's own, package
+	// netns); without it the jail has only its own loopback.
 	Network bool
 	// Env is the command's whole environment (PATH and HOME are set by the profile when absent).
 	Env map[string]string
@@ -139,6 +168,8 @@ type Cmd struct {
 	Data [][]byte
 	// Dir is where bwrap itself starts (outside the jail): "/", so no host cwd leaks in.
 	Dir string
+	// RunAs is Spec.RunAs: bwrap itself then starts as root (Host.Command).
+	RunAs *Identity
 }
 
 // Build turns a Spec into the bwrap command. It only computes: it reads no file and starts
@@ -148,10 +179,12 @@ func Build(s Spec) (Cmd, error) {
 		return Cmd{}, fmt.Errorf("build jail: %w", err)
 	}
 	a := argv{}
-	a.add("--die-with-parent", "--new-session", "--unshare-user", "--unshare-pid", "--unshare-ipc",
-		"--unshare-uts", "--unshare-cgroup-try")
-	network := s.Network || s.Profile == Local
-	if !network {
+	a.add("--die-with-parent", "--new-session")
+	if s.RunAs == nil {
+		a.add("--unshare-user")
+	}
+	a.add("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+	if !s.Network || s.Profile == Git {
 		a.add("--unshare-net")
 	}
 	env := maps.Clone(s.Env)
@@ -160,25 +193,29 @@ func Build(s Spec) (Cmd, error) {
 	}
 	var data [][]byte
 	var dir string
-	// Parents first: a mask inside another is made in the outer tmpfs, and remounted there.
-	s.Masks = slices.Clone(s.Masks)
-	slices.Sort(s.Masks)
-	s.Masks = slices.Compact(s.Masks)
 	switch s.Profile {
 	case Local:
+		masks := s.masks()
 		a.add("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc")
-		for _, m := range s.Masks {
+		// /tmp first: a mask or a bind below it is made in the private /tmp, not hidden by it.
+		a.add("--perms", "1777", "--tmpfs", "/tmp")
+		mk := dirMaker{roots: append([]string{"/tmp"}, masks...), made: map[string]bool{}}
+		for _, m := range masks {
+			mk.parents(&a, m) // a mask inside another one
 			a.add("--tmpfs", m)
 		}
-		a.add("--perms", "1777", "--tmpfs", "/tmp")
 		for _, b := range s.ReadOnly {
+			mk.parents(&a, b.dst())
 			a.add("--ro-bind", b.Src, b.dst())
 		}
-		a.add("--bind", s.Workspace, s.Workspace)
+		mk.parents(&a, s.Workspace)
+		a.add(bindFlag(s.WorkspaceReadOnly), s.Workspace, s.Workspace)
 		for _, b := range s.ReadWrite {
+			mk.parents(&a, b.dst())
 			a.add("--bind", b.Src, b.dst())
 		}
 		if s.Home != "" {
+			mk.parents(&a, s.Home)
 			a.add("--bind", s.Home, s.Home)
 			env["HOME"] = s.Home
 		} else if env["HOME"] == "" {
@@ -186,13 +223,16 @@ func Build(s Spec) (Cmd, error) {
 		}
 		// The masks go read-only once the binds inside them have their mount points, so a run
 		// cannot even leave scratch files where Berth's data dir appears to be.
-		for _, m := range s.Masks {
+		for _, m := range masks {
 			a.add("--remount-ro", m)
 		}
 		dir = filepath.Join(s.Workspace, s.Dir)
-	case Sandbox, Setup:
-		a.add("--uid", strconv.Itoa(SandboxUID), "--gid", strconv.Itoa(SandboxGID), "--cap-drop", "ALL",
-			"--hostname", "berth-sandbox")
+	case Sandbox, Setup, Git:
+		if s.RunAs == nil {
+			// As root, bubblewrap needs its capabilities until setpriv: it drops them all there.
+			a.add("--uid", strconv.Itoa(SandboxUID), "--gid", strconv.Itoa(SandboxGID), "--cap-drop", "ALL")
+		}
+		a.add("--hostname", "berth-sandbox")
 		a.add("--ro-bind", "/usr", "/usr")
 		for _, l := range []string{"bin", "lib", "lib64", "sbin"} {
 			a.add("--symlink", "usr/"+l, "/"+l)
@@ -200,33 +240,65 @@ func Build(s Spec) (Cmd, error) {
 		for _, f := range sandboxEtc {
 			a.add("--ro-bind-try", f, f)
 		}
+		uid, gid := SandboxUID, SandboxGID
+		if s.RunAs != nil {
+			uid, gid = s.RunAs.UID, s.RunAs.GID
+		}
 		passwd, group := s.Passwd, s.Group
 		if len(passwd) == 0 {
-			passwd = []byte(fmt.Sprintf("root:x:0:0:root:/root:/usr/sbin/nologin\nberth:x:%d:%d:Berth sandbox:%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", SandboxUID, SandboxGID, sandboxHome))
+			passwd = []byte(fmt.Sprintf("root:x:0:0:root:/root:/usr/sbin/nologin\nberth:x:%d:%d:Berth sandbox:%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", uid, gid, sandboxHome))
 		}
 		if len(group) == 0 {
-			group = []byte(fmt.Sprintf("root:x:0:\nberth:x:%d:\nnogroup:x:65534:\n", SandboxGID))
+			group = []byte(fmt.Sprintf("root:x:0:\nberth:x:%d:\nnogroup:x:65534:\n", gid))
 		}
 		data = [][]byte{passwd, group}
 		a.add("--ro-bind-data", "3", "/etc/passwd", "--ro-bind-data", "4", "/etc/group")
 		a.add("--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp")
-		a.add("--bind", s.Workspace, SandboxWorkdir)
+		if env["HOME"] == "" {
+			env["HOME"] = sandboxHome
+		}
+		if s.Profile == Git {
+			mk := dirMaker{roots: []string{"/"}, made: map[string]bool{"/tmp": true, "/usr": true, "/etc": true}}
+			for _, b := range s.ReadOnly {
+				mk.parents(&a, b.dst())
+				a.add("--ro-bind", b.Src, b.dst())
+			}
+			mk.parents(&a, s.Workspace)
+			a.add(bindFlag(s.WorkspaceReadOnly), s.Workspace, s.Workspace)
+			for _, b := range s.ReadWrite {
+				mk.parents(&a, b.dst())
+				a.add("--bind", b.Src, b.dst())
+			}
+			if env["PATH"] == "" {
+				env["PATH"] = defaultPATH
+			}
+			dir = filepath.Join(s.Workspace, s.Dir)
+			break
+		}
+		a.add("--perms", "0755", "--dir", "/opt")
+		a.add(bindFlag(s.WorkspaceReadOnly), s.Workspace, SandboxWorkdir)
 		if s.Profile == Setup {
 			a.add("--bind", s.Image, ImageDir)
 		} else {
 			a.add("--ro-bind", s.Image, ImageDir)
 		}
 		env["PATH"] = sandboxPATH
-		if env["HOME"] == "" {
-			env["HOME"] = sandboxHome
-		}
 		dir = filepath.Join(SandboxWorkdir, s.Dir)
 	}
 	if env["PATH"] == "" {
-		env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+		env["PATH"] = defaultPATH
 	}
-	a.add("--chdir", dir, "--")
-	if s.Profile != Local && (s.Limits.MemoryMB > 0 || s.Limits.PidsMax > 0) {
+	a.add("--chdir", dir)
+	if s.RunAs != nil {
+		// bubblewrap runs as root and hands root's capabilities to its child; setpriv is that
+		// child, and it drops them all (permitted, effective, inheritable, ambient and the
+		// bounding set) with the change to the run user, before the command starts.
+		a.add("--")
+		a.add(s.Setpriv, "--reuid="+strconv.Itoa(s.RunAs.UID), "--regid="+strconv.Itoa(s.RunAs.GID),
+			"--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs")
+	}
+	a.add("--")
+	if s.Profile != Local && s.Profile != Git && (s.Limits.MemoryMB > 0 || s.Limits.PidsMax > 0) {
 		a.add(s.Prlimit, "--core=0")
 		if s.Limits.MemoryMB > 0 {
 			a.add("--data=" + strconv.FormatInt(int64(s.Limits.MemoryMB)<<20, 10))
@@ -242,7 +314,60 @@ func Build(s Spec) (Cmd, error) {
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		envList = append(envList, k+"="+env[k])
 	}
-	return Cmd{Path: s.Bwrap, Args: append([]string{"bwrap"}, a...), Env: envList, Data: data, Dir: "/"}, nil
+	return Cmd{Path: s.Bwrap, Args: append([]string{"bwrap"}, a...), Env: envList, Data: data, Dir: "/", RunAs: s.RunAs}, nil
+}
+
+func bindFlag(readOnly bool) string {
+	if readOnly {
+		return "--ro-bind"
+	}
+	return "--bind"
+}
+
+// masks are the local profile's masks: sorted (a mask inside another is made in the outer
+// tmpfs, and remounted there), without duplicates, without those the private /tmp hides anyway.
+func (s Spec) masks() []string {
+	var out []string
+	for _, m := range s.Masks {
+		if !Within(m, "/tmp") {
+			out = append(out, m)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// dirMaker creates, with mode 0755, the directories on the way to a mount point that lie inside
+// a tmpfs of the jail (a mask, the private /tmp, the sandbox's own root). bubblewrap would make
+// them itself, but when it runs as root it makes them 0700, which the run user cannot enter.
+type dirMaker struct {
+	roots []string // tmpfs mount points
+	made  map[string]bool
+}
+
+func (m dirMaker) parents(a *argv, dst string) {
+	var chain []string
+	for d := filepath.Dir(dst); d != "/" && d != "."; d = filepath.Dir(d) {
+		chain = append(chain, d)
+	}
+	slices.Reverse(chain)
+	for _, d := range chain {
+		if m.made[d] || !m.inside(d) {
+			continue
+		}
+		m.made[d] = true
+		a.add("--perms", "0755", "--dir", d)
+	}
+}
+
+// inside reports whether d lies strictly below one of the tmpfs roots.
+func (m dirMaker) inside(d string) bool {
+	for _, r := range m.roots {
+		if d != r && Within(d, r) {
+			return true
+		}
+	}
+	return false
 }
 
 // sandboxEtc are the host /etc files a sandbox may read: certificates, name resolution, and the
@@ -259,12 +384,15 @@ func (a *argv) add(s ...string) { *a = append(*a, s...) }
 
 func (s Spec) check() error {
 	switch s.Profile {
-	case Local, Sandbox, Setup:
+	case Local, Sandbox, Setup, Git:
 	default:
 		return fmt.Errorf("unknown profile %q: %w", s.Profile, ErrInvalid)
 	}
 	if !absClean(s.Bwrap) {
 		return fmt.Errorf("bwrap must be an absolute path: %w", ErrInvalid)
+	}
+	if s.RunAs != nil && (!absClean(s.Setpriv) || s.RunAs.UID <= 0 || s.RunAs.GID <= 0) {
+		return fmt.Errorf("a run identity needs setpriv's absolute path and non-root ids: %w", ErrInvalid)
 	}
 	if !absClean(s.Workspace) || s.Workspace == "/" {
 		return fmt.Errorf("workspace must be an absolute, clean path below /: %w", ErrInvalid)
@@ -281,7 +409,7 @@ func (s Spec) check() error {
 		}
 	}
 	switch s.Profile {
-	case Local:
+	case Local, Git:
 		if s.Home != "" && !absClean(s.Home) {
 			return fmt.Errorf("home must be an absolute, clean path: %w", ErrInvalid)
 		}
@@ -294,9 +422,15 @@ func (s Spec) check() error {
 			}
 		}
 		for _, b := range append(slices.Clone(s.ReadOnly), s.ReadWrite...) {
-			if !absClean(b.Src) || !absClean(b.dst()) {
+			if !absClean(b.Src) || !absClean(b.dst()) || b.dst() == "/" {
 				return fmt.Errorf("bind paths must be absolute and clean: %w", ErrInvalid)
 			}
+			if s.Profile == Git && (Within(b.dst(), "/usr") || Within(b.dst(), "/etc") || Within(b.dst(), "/proc") || Within(b.dst(), "/dev")) {
+				return fmt.Errorf("a git jail binds nothing over its own root: %w", ErrInvalid)
+			}
+		}
+		if s.Profile == Git && (Within(s.Workspace, "/usr") || Within(s.Workspace, "/etc")) {
+			return fmt.Errorf("a git jail's workspace cannot be under /usr or /etc: %w", ErrInvalid)
 		}
 	case Sandbox, Setup:
 		if !absClean(s.Image) {

@@ -30,6 +30,9 @@ func index(args []string, seq ...string) int {
 }
 
 func TestBuildLocal(t *testing.T) {
+	if c, _ := Build(func() Spec { s := localSpec(); s.Network = true; return s }()); index(c.Args, "--unshare-net") >= 0 {
+		t.Error("a local jail with Network keeps the network it starts in")
+	}
 	c, err := Build(localSpec())
 	if err != nil {
 		t.Fatal(err)
@@ -52,8 +55,8 @@ func TestBuildLocal(t *testing.T) {
 	if !slices.IsSorted(order) || slices.Contains(order, -1) {
 		t.Errorf("argv order %v: %q", order, a)
 	}
-	if index(a, "--unshare-net") >= 0 {
-		t.Error("the local profile keeps the host network")
+	if index(a, "--unshare-net") < 0 {
+		t.Error("a local jail without Network has only its own loopback")
 	}
 	if !slices.Contains(c.Env, "HOME=/data/homes/ws-a") || !slices.Contains(c.Env, "BERTH_RUN_ID=r1") {
 		t.Errorf("env %q", c.Env)
@@ -101,6 +104,100 @@ func TestBuildSandbox(t *testing.T) {
 	s.Network = true
 	if c, _ := Build(s); index(c.Args, "--unshare-net") >= 0 {
 		t.Error("network: true still unshares the network")
+	}
+}
+
+// TestBuildRunAs checks the shape of a jail when Berth is root: bubblewrap keeps no user
+// namespace and builds the mounts itself, and the command drops to the run user through setpriv
+// (no groups, no capabilities, no new privileges) before anything of the run starts.
+func TestBuildRunAs(t *testing.T) {
+	for _, s := range []Spec{localSpec(), sandboxSpec(), gitSpec()} {
+		s.RunAs, s.Setpriv = &Identity{UID: 999, GID: 995}, "/usr/bin/setpriv"
+		c, err := Build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := c.Args
+		if index(a, "--unshare-user") >= 0 || index(a, "--uid") >= 0 {
+			t.Errorf("%s: a user namespace would map root: %q", s.Profile, a)
+		}
+		drop := index(a, "/usr/bin/setpriv", "--reuid=999", "--regid=995", "--clear-groups", "--inh-caps=-all",
+			"--bounding-set=-all", "--no-new-privs", "--")
+		if drop < 0 || drop > index(a, "/bin/sh") || c.RunAs == nil {
+			t.Errorf("%s: no drop to the run user before the command: %q", s.Profile, a)
+		}
+		if s.Profile == Sandbox && !strings.Contains(string(c.Data[0]), "berth:x:999:995") {
+			t.Errorf("sandbox passwd names another uid: %q", c.Data[0])
+		}
+	}
+	s := localSpec()
+	s.RunAs = &Identity{UID: 999, GID: 995}
+	if _, err := Build(s); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a run identity without setpriv: %v", err)
+	}
+}
+
+// TestBuildTmpAndMasks checks the mounts that make a jail work wherever the data dir is: the
+// private /tmp comes before the masks (a data dir under /tmp is hidden by it, and its masks are
+// dropped rather than remounted inside it), and directories on the way to a mount point inside
+// a tmpfs are made 0755, so the run user can reach its workspace through them.
+func TestBuildTmpAndMasks(t *testing.T) {
+	s := localSpec()
+	s.Workspace, s.Home = "/tmp/d/data/workspaces/ws-a", "/tmp/d/data/homes/ws-a"
+	s.Masks = []string{"/tmp/d/data", "/root", "/root/.local/share/berth"}
+	s.ReadWrite = nil
+	c, err := Build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Args
+	if i := index(a, "--tmpfs", "/tmp/d/data"); i >= 0 {
+		t.Errorf("a mask under /tmp is mounted inside the private /tmp: %q", a)
+	}
+	if index(a, "--remount-ro", "/tmp/d/data") >= 0 {
+		t.Errorf("a mask under /tmp is remounted: %q", a)
+	}
+	order := []int{index(a, "--tmpfs", "/tmp"), index(a, "--tmpfs", "/root"), index(a, "--perms", "0755", "--dir", "/root/.local"),
+		index(a, "--perms", "0755", "--dir", "/root/.local/share"), index(a, "--tmpfs", "/root/.local/share/berth"),
+		index(a, "--perms", "0755", "--dir", "/tmp/d"), index(a, "--perms", "0755", "--dir", "/tmp/d/data/workspaces"),
+		index(a, "--bind", "/tmp/d/data/workspaces/ws-a", "/tmp/d/data/workspaces/ws-a")}
+	if !slices.IsSorted(order) || slices.Contains(order, -1) {
+		t.Errorf("argv order %v: %q", order, a)
+	}
+}
+
+func gitSpec() Spec {
+	return Spec{Profile: Git, Bwrap: "/usr/bin/bwrap", Workspace: "/data/workspaces/ws-c", ReadOnly: []Bind{{Src: "/src/.git"}},
+		ReadWrite: []Bind{{Src: "/data/run-git/ws-c/repo/objects"}}, Command: "git add -A", Network: true}
+}
+
+// TestBuildGit checks the git profile: an explicit root like the sandbox's, the workspace and
+// the git paths at their real paths, never a network (whatever Network says).
+func TestBuildGit(t *testing.T) {
+	c, err := Build(gitSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Args
+	if index(a, "--ro-bind", "/", "/") >= 0 || index(a, "--unshare-net") < 0 || index(a, "--uid", "1000") < 0 {
+		t.Errorf("git argv: %q", a)
+	}
+	for _, seq := range [][]string{{"--ro-bind", "/usr", "/usr"}, {"--perms", "0755", "--dir", "/src"},
+		{"--ro-bind", "/src/.git", "/src/.git"}, {"--bind", "/data/workspaces/ws-c", "/data/workspaces/ws-c"},
+		{"--perms", "0755", "--dir", "/data/run-git/ws-c/repo"}, {"--chdir", "/data/workspaces/ws-c"}} {
+		if index(a, seq...) < 0 {
+			t.Errorf("git argv lacks %q: %q", seq, a)
+		}
+	}
+	s := gitSpec()
+	s.WorkspaceReadOnly = true
+	if c, _ := Build(s); index(c.Args, "--ro-bind", "/data/workspaces/ws-c", "/data/workspaces/ws-c") < 0 {
+		t.Errorf("read-only workspace: %q", c.Args)
+	}
+	s = gitSpec()
+	s.ReadWrite = []Bind{{Src: "/x", Dst: "/usr/bin"}}
+	if _, err := Build(s); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a bind over /usr: %v", err)
 	}
 }
 
