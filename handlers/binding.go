@@ -235,6 +235,14 @@ func (s *Server) putBindingAPI(w http.ResponseWriter, r *http.Request, p *princi
 	if err := decodeJSON(w, r, &in); err != nil {
 		return err
 	}
+	// A run acts on its own workspace only (DESIGN §14): it may pick a mode, or its own
+	// workspace, never another task's.
+	if p.Run != nil {
+		if ws := in.workspaceID(); ws != "" && ws != strings.ToLower(p.Run.WorkspaceID) {
+			s.auditRunDenied(ctx, p, "binding_workspace", map[string]any{"execution_workspace_id": ws})
+			return errForbidden
+		}
+	}
 	out, err := s.putBinding(ctx, r, a, id, in)
 	if err != nil {
 		return err

@@ -102,7 +102,7 @@ func (s *Server) evaluateClose(ctx context.Context, q db.Querier, ws db.Executio
 		root, err := s.workspaces.Root(ws.Ref)
 		cw.Managed = err == nil && root != ""
 		if cw.Managed && cw.Strategy == workspace.StrategyGitWorktree {
-			gs, err := s.workspaces.GitState(ctx, root, ws.BaseRef)
+			gs, err := s.workspaces.GitState(ctx, ws.Ref, ws.BaseRef)
 			if err != nil {
 				return closeFacts{}, err
 			}
@@ -115,10 +115,8 @@ func (s *Server) evaluateClose(ctx context.Context, q db.Querier, ws db.Executio
 		rd.Git.CommitsSinceBase = remote.CommitsSinceBase
 	}
 	if rd.Git != nil && rd.Git.Readable && snap.Git != nil && ws.BaseCommit != "" {
-		if root, err := s.workspaces.Root(ws.Ref); err == nil {
-			if n, err := s.workspaces.CommitsSince(ctx, root, ws.BaseCommit); err == nil {
-				rd.Git.CommitsSinceBase = &n
-			}
+		if n, err := s.workspaces.CommitsSince(ctx, ws.Ref, ws.BaseCommit); err == nil {
+			rd.Git.CommitsSinceBase = &n
 		}
 	}
 	args := jobs.CloseWorkspaceArgs{CompanyID: ws.CompanyID, WorkspaceID: ws.ID, EnvironmentID: plan.EnvironmentID}

@@ -174,7 +174,7 @@ func TestWorkspaceCloseLifecycle(t *testing.T) {
 	// Confirming a destructive close overrides both and plans a rescue first.
 	rd = re.readiness(wsID, true)
 	if rd["state"] != "ready_with_warnings" || !slices.Contains(codes(rd["warnings"]), "destructive_confirmed") ||
-		strings.Join(codes(rd["planned_actions"]), ",") != "rescue_ref,git_worktree_remove,remove_directory,archive_record" {
+		strings.Join(codes(rd["planned_actions"]), ",") != "rescue_ref,remove_directory,git_worktree_remove,archive_record" {
 		t.Fatalf("confirmed readiness = %v", rd)
 	}
 	for _, act := range rd["planned_actions"].([]any) {
@@ -290,7 +290,7 @@ func TestWorkspaceCloseLifecycle(t *testing.T) {
 	}
 	rd = re.readiness(wsID, false)
 	if rd["state"] != "ready" || len(rd["blocking_reasons"].([]any)) != 0 || len(rd["warnings"].([]any)) != 0 ||
-		strings.Join(codes(rd["planned_actions"]), ",") != "git_worktree_remove,remove_directory,archive_record" {
+		strings.Join(codes(rd["planned_actions"]), ",") != "remove_directory,git_worktree_remove,archive_record" {
 		t.Fatalf("clean readiness = %v", rd)
 	}
 	if code, out := re.call(re.r.Board, http.MethodPatch, "/api/execution-workspaces/"+wsID, map[string]any{"status": "closed", "generation": 3}); code != http.StatusAccepted {
@@ -490,7 +490,7 @@ func TestWorkspaceCloseLiveRunAndRoles(t *testing.T) {
 func TestWorkspaceCleanupFailure(t *testing.T) {
 	t.Parallel()
 	re := setupRuns(t)
-	marker := filepath.Join(jailtest.Dir(t), "cleanup-ok") // outside /tmp: the jail must see it
+	marker := filepath.Join(jailtest.Visible(t), "cleanup-ok") // the jail must see it
 	cleanup := "test -e " + marker + " && echo '<b>cleaned</b>'"
 	re.workspaceWith("")
 	if _, err := re.pool.Exec(context.Background(), `UPDATE project_workspaces SET cleanup_command = $1 WHERE project_id = $2`,
@@ -504,7 +504,7 @@ func TestWorkspaceCleanupFailure(t *testing.T) {
 	root := re.rootOf(ws)
 
 	rd := re.readiness(wsID, false)
-	if rd["state"] != "ready" || strings.Join(codes(rd["planned_actions"]), ",") != "cleanup_command,git_worktree_remove,remove_directory,archive_record" {
+	if rd["state"] != "ready" || strings.Join(codes(rd["planned_actions"]), ",") != "cleanup_command,remove_directory,git_worktree_remove,archive_record" {
 		t.Fatalf("readiness = %v", rd)
 	}
 	if cmd := rd["planned_actions"].([]any)[0].(map[string]any)["command"].(string); !strings.Contains(cmd, "/bin/sh -c ") || !strings.Contains(cmd, "cleaned") {

@@ -35,13 +35,13 @@ func (s *Server) readWorkspaceGit(ctx context.Context, ws db.ExecutionWorkspace)
 	if !out.Managed || ws.Strategy != string(workspace.StrategyGitWorktree) {
 		return out, nil
 	}
-	gs, err := s.workspaces.GitState(ctx, root, ws.BaseRef)
+	gs, err := s.workspaces.GitState(ctx, ws.Ref, ws.BaseRef)
 	if err != nil {
 		return out, err
 	}
 	out.Git = &gs
 	if gs.Readable && ws.BaseCommit != "" {
-		if n, err := s.workspaces.CommitsSince(ctx, root, ws.BaseCommit); err == nil {
+		if n, err := s.workspaces.CommitsSince(ctx, ws.Ref, ws.BaseCommit); err == nil {
 			out.CommitsSinceBase = &n
 		}
 	}

@@ -201,7 +201,7 @@ func (w *CloseWorkspaceWorker) stillClean(ctx context.Context, job *river.Job[Cl
 	if err != nil || started {
 		return err
 	}
-	gs, err := w.deps.Workspaces.GitState(ctx, root, ws.BaseRef)
+	gs, err := w.deps.Workspaces.GitState(ctx, ws.Ref, ws.BaseRef)
 	if err != nil {
 		return err
 	}
@@ -226,7 +226,7 @@ func (w *CloseWorkspaceWorker) rescue(ctx context.Context, job *river.Job[CloseW
 		Phase: "finalize", Command: rescueCommandPrefix + ws.Ref + "-<unix-time> <snapshot-commit>"},
 		func(log *environment.LogBuffer) (*int, error) {
 			var err error
-			rr, err = w.deps.Workspaces.Rescue(ctx, root, ws.Ref, time.Now())
+			rr, err = w.deps.Workspaces.Rescue(ctx, ws.Ref, time.Now())
 			if err == nil {
 				fmt.Fprintf(log, "saved HEAD and every uncommitted or untracked file as %s at %s\n", rr.Commit, rr.Name)
 			}

@@ -148,6 +148,10 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 
 	status, code, msg := db.RunSucceeded, "", ""
 	switch {
+	case execErr != nil && res.Started.IsZero() && errors.Is(cause, errLeaseLost):
+		status, code, msg = db.RunFailed, codeLeaseLost, "The run lost its lease before its command started."
+	case execErr != nil && res.Started.IsZero() && cause != nil:
+		status, code, msg = db.RunCancelled, "cancelled", "The run was cancelled before its command started."
 	case execErr != nil && res.Started.IsZero():
 		status, code, msg = db.RunFailed, codeExecutorFailure, "The command could not start: "+execErr.Error()
 	case errors.Is(execErr, environment.ErrNotGone):

@@ -112,19 +112,13 @@ func (w *FinalizeWorker) collect(ctx context.Context, run db.Run, ws db.Executio
 	if err != nil {
 		return err
 	}
-	root, err := w.workspaceRoot(ws)
-	if err != nil {
-		return err
-	}
 	var res workspace.CommitResult
 	err = w.operation(ctx, db.NewOperation{CompanyID: run.CompanyID, ExecutionWorkspaceID: ws.ID, RunID: run.ID,
 		TaskID: run.TaskID, Phase: "finalize", Command: "git add -A && git commit"}, func(log *environment.LogBuffer) (*int, error) {
-		// Commits the run made in its jail come home first (workspace.BringHome).
-		if err := w.deps.Workspaces.BringHome(ctx, ws.Ref); err != nil {
-			return nil, err
-		}
+		// In Berth's git jail, as the run user; the run's own commits and this one come home as
+		// a verified pack (workspace.Commit).
 		var err error
-		res, err = w.deps.Workspaces.Commit(ctx, root, workspace.CommitSpec{Branch: ws.Branch, TaskKey: task.Key, RunID: run.ID})
+		res, err = w.deps.Workspaces.Commit(ctx, ws.Ref, workspace.CommitSpec{Branch: ws.Branch, TaskKey: task.Key, RunID: run.ID})
 		if err == nil && res.Changed {
 			fmt.Fprintf(log, "committed %s on %s\n", res.Commit, ws.Branch)
 		} else if err == nil {

@@ -89,11 +89,17 @@ func (w *FinalizeWorker) receiptFor(ctx context.Context, run db.Run, ws *db.Exec
 	switch ws.Strategy {
 	case string(workspace.StrategyGitWorktree):
 		rc.BaseCommit = strPtr(ws.BaseCommit)
-		base, err := w.deps.Workspaces.GitTreeDigest(ctx, root, ws.BaseCommit)
+		gitDir, err := w.deps.Workspaces.GitDir(ws.Ref)
 		if err != nil {
 			return rc, err
 		}
-		final, err := w.deps.Workspaces.WorktreeDigest(ctx, root)
+		base, err := w.deps.Workspaces.GitTreeDigest(ctx, gitDir, ws.BaseCommit)
+		if err != nil {
+			return rc, err
+		}
+		// Finalize committed everything `git add -A` takes: the branch's tree is the final one
+		// (read from the source's objects, never from the workspace's git).
+		final, err := w.deps.Workspaces.GitTreeDigest(ctx, gitDir, "refs/heads/"+ws.Branch)
 		if err != nil {
 			return rc, err
 		}

@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -24,48 +25,80 @@ type CommitSpec struct {
 }
 
 // CommitResult reports a finalize commit; Changed is false (and Commit empty) when there was
-// nothing to commit.
+// nothing to commit. Tip is the task branch after the finalize (its commit or the run's own).
 type CommitResult struct {
 	Commit  string // the new commit id
 	Changed bool   // false when the worktree had nothing to commit
+	Tip     string // the task branch's commit once the work is home
 }
 
-// Commit finalizes a git worktree: it stages everything with `git add -A` (so .gitignore applies)
-// and commits on the task branch with a message naming the task key and run id. Hooks never run and
-// nothing is pushed. It fails with ErrWrongBranch if the worktree is not on spec.Branch.
-func (m *Manager) Commit(ctx context.Context, root string, spec CommitSpec) (CommitResult, error) {
-	res, err := m.commit(ctx, root, spec)
+// Commit finalizes the git worktree workspace ref: in Berth's git jail, as the run user, it
+// stages everything with `git add -A` (so .gitignore applies, and whatever .gitattributes names
+// runs there, never on the host) and commits on the task branch with a message naming the task
+// key and run id; then the branch's new commits (the run's own and this one) come home as a
+// verified pack (see BringHome). Hooks never run and nothing is pushed. A worktree whose HEAD the
+// run moved elsewhere is put back on the task branch first: finalize commits there.
+func (m *Manager) Commit(ctx context.Context, ref string, spec CommitSpec) (CommitResult, error) {
+	res, err := m.commit(ctx, ref, spec)
 	if err != nil {
 		return CommitResult{}, fmt.Errorf("finalize commit: %w", err)
 	}
 	return res, nil
 }
 
-func (m *Manager) commit(ctx context.Context, root string, spec CommitSpec) (CommitResult, error) {
-	g := gitCall{dir: root, author: spec.Author}
-	head, err := m.git.run(ctx, g, "symbolic-ref", "-q", "HEAD")
-	if err != nil || head != "refs/heads/"+spec.Branch {
-		return CommitResult{}, fmt.Errorf("worktree is on %q, want %q: %w", strings.TrimPrefix(head, "refs/heads/"), spec.Branch, ErrWrongBranch)
-	}
-	if _, err := m.git.run(ctx, g, "add", "-A"); err != nil {
-		return CommitResult{}, err
-	}
-	same, err := m.git.test(ctx, g, "diff", "--cached", "--quiet")
+func (m *Manager) commit(ctx context.Context, ref string, spec CommitSpec) (CommitResult, error) {
+	rec, err := m.owned(ref)
 	if err != nil {
 		return CommitResult{}, err
 	}
-	if same {
-		return CommitResult{}, nil
+	if rec.Strategy != StrategyGitWorktree || rec.Branch == "" {
+		return CommitResult{}, fmt.Errorf("%s is not a git worktree: %w", ref, ErrNotManaged)
+	}
+	if spec.Branch != "" && spec.Branch != rec.Branch {
+		return CommitResult{}, fmt.Errorf("worktree is on %q, want %q: %w", rec.Branch, spec.Branch, ErrWrongBranch)
+	}
+	if rec, err = m.ensureStore(ctx, rec); err != nil {
+		return CommitResult{}, err
+	}
+	s := m.store(rec)
+	base, err := s.base()
+	if err != nil {
+		return CommitResult{}, err
 	}
 	msg := fmt.Sprintf("%s: work from run %s\n\nBerth-Task: %s\nBerth-Run: %s\n", spec.TaskKey, spec.RunID, spec.TaskKey, spec.RunID)
-	if _, err := m.git.run(ctx, gitCall{dir: root, author: spec.Author, stdin: []byte(msg)}, "commit", "--quiet", "--no-verify", "-F", "-"); err != nil {
-		return CommitResult{}, err
-	}
-	sha, err := m.git.run(ctx, g, "rev-parse", "--verify", "HEAD")
+	out, err := m.runJailedGit(ctx, m.storeJail(rec, s, false, &spec.Author, `set -e
+git rev-parse --verify -q "$BERTH_BRANCH_REF" >/dev/null || git update-ref "$BERTH_BRANCH_REF" "$BERTH_BASE"
+git symbolic-ref HEAD "$BERTH_BRANCH_REF"
+git add -A
+if git diff --cached --quiet; then echo "changed 0"; else printf '%s' "$BERTH_MESSAGE" | git commit -q --no-verify -F -; echo "changed 1"; fi
+tip=$(git rev-parse --verify "$BERTH_BRANCH_REF^{commit}")
+echo "tip $tip"
+if [ "$tip" != "$BERTH_BASE" ]; then
+  printf '%s\n^%s\n' "$tip" "$BERTH_BASE" | git pack-objects --revs --thin --stdout -q > "$BERTH_OUT/home.pack"
+fi`, map[string]string{"BERTH_BASE": base, "BERTH_MESSAGE": msg}))
 	if err != nil {
 		return CommitResult{}, err
 	}
-	return CommitResult{Commit: sha, Changed: true}, nil
+	tip := scriptValue(out, "tip")
+	if !isHexID(tip) {
+		return CommitResult{}, fmt.Errorf("the commit left no readable task branch: %w", ErrGit)
+	}
+	if tip != base {
+		if err := m.importPack(ctx, rec, s, "home.pack", tip, base); err != nil {
+			return CommitResult{}, err
+		}
+		if _, err := m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "update-ref", "-m", "berth: finalize", s.branchRef(), tip, base); err != nil {
+			return CommitResult{}, err
+		}
+		if err := os.WriteFile(filepath.Join(s.dir, "base"), []byte(tip+"\n"), 0o600); err != nil {
+			return CommitResult{}, err
+		}
+	}
+	res := CommitResult{Tip: tip}
+	if scriptValue(out, "changed") == "1" {
+		res.Commit, res.Changed = tip, true
+	}
+	return res, nil
 }
 
 // GitState is what close-readiness needs to know about a worktree.
@@ -81,36 +114,107 @@ type GitState struct {
 	Ahead     int    // commits on HEAD not in the base ref
 	Behind    int    // commits in the base ref not on HEAD
 	Merged    bool   // every commit of HEAD is reachable from the base ref
+	// GitDir is the repository holding a worktree's branch (its source's common git dir, from
+	// Berth's records) and AdminName the name of its registration there (worktrees/<name>);
+	// both empty for a shared workspace.
+	GitDir, AdminName string
 }
 
-// GitState reads the state of the worktree at root relative to baseRef: dirty and untracked counts,
-// ahead/behind counts and whether HEAD is merged into baseRef (every commit of HEAD is reachable from
-// it). Git failures make the state unreadable rather than an error; only context errors are returned.
-func (m *Manager) GitState(ctx context.Context, root, baseRef string) (GitState, error) {
-	var st GitState
-	fail := func(err error) (GitState, error) {
+// gitStateScript prints what GitState reads, in Berth's git jail (the work tree read-only): git
+// status interprets the run's files. A private index the run broke is replaced by one read from
+// HEAD, so a broken index makes the state slower to read, not unreadable.
+const gitStateScript = `t=$(mktemp -d) || exit 1
+trap 'rm -rf "$t"' EXIT
+export GIT_OPTIONAL_LOCKS=0
+head=$(git rev-parse --verify -q "HEAD^{commit}") || { echo "unreadable HEAD does not name a commit"; exit 0; }
+echo "head $head"
+echo "branch $(git symbolic-ref -q --short HEAD)"
+counts=$(git rev-list --left-right --count --end-of-options "$BERTH_BASE_REF...HEAD") || { echo "unreadable the base ref $BERTH_BASE_REF cannot be compared"; exit 0; }
+echo "counts $counts"
+git merge-base --is-ancestor HEAD "$BERTH_BASE_REF"
+echo "merged $?"
+if ! git status --porcelain=v1 -z --untracked-files=all >"$t/status" 2>"$t/err"; then
+  GIT_INDEX_FILE="$t/index" git read-tree HEAD &&
+  GIT_INDEX_FILE="$t/index" git status --porcelain=v1 -z --untracked-files=all >"$t/status" ||
+  { echo "unreadable git status failed: $(tail -n 1 "$t/err")"; exit 0; }
+fi
+echo "status"
+cat "$t/status"`
+
+// GitState reads the state of the worktree of workspace ref relative to baseRef: dirty and
+// untracked counts, ahead/behind counts and whether HEAD is merged into baseRef (every commit of
+// HEAD is reachable from it). It runs in Berth's git jail with the work tree read-only, for a
+// worktree and for a shared workspace alike (a shared workspace's own .git is what git finds
+// there). Git failures make the state unreadable rather than an error; only context errors are
+// returned.
+func (m *Manager) GitState(ctx context.Context, ref, baseRef string) (GitState, error) {
+	fail := func(reason string) (GitState, error) {
 		if ctx.Err() != nil {
 			return GitState{}, fmt.Errorf("git state: %w", ctx.Err())
 		}
-		return GitState{Reason: err.Error()}, nil
+		return GitState{Reason: reason}, nil
 	}
-	g := gitCall{dir: root}
 	if err := m.checkRefName(ctx, baseRef); err != nil && baseRef != "HEAD" {
-		return fail(err)
+		return fail(err.Error())
 	}
-	head, err := m.git.run(ctx, g, "rev-parse", "--verify", "HEAD")
+	j, err := m.stateJail(ctx, ref)
 	if err != nil {
-		return fail(err)
+		return fail(err.Error())
 	}
-	st.Head = head
-	if b, err := m.git.run(ctx, g, "symbolic-ref", "-q", "--short", "HEAD"); err == nil {
-		st.Branch = b
-	}
-	status, err := m.git.run(ctx, gitCall{dir: root, env: []string{"GIT_OPTIONAL_LOCKS=0"}}, "status", "--porcelain=v1", "-z", "--untracked-files=all")
+	j.env["BERTH_BASE_REF"] = baseRef
+	j.script = gitStateScript
+	out, err := m.runJailedGit(ctx, j)
 	if err != nil {
-		return fail(err)
+		return fail(err.Error())
 	}
-	recs := strings.Split(status, "\x00")
+	st, err := parseGitState(out)
+	if rec, rerr := m.owned(ref); rerr == nil && rec.Strategy == StrategyGitWorktree {
+		st.GitDir, st.AdminName = rec.GitDir, filepath.Base(rec.AdminDir)
+	}
+	return st, err
+}
+
+// stateJail is a read-only jail over workspace ref in which git sees it as a run does.
+func (m *Manager) stateJail(ctx context.Context, ref string) (jailedGit, error) {
+	rec, err := m.owned(ref)
+	if err != nil {
+		return jailedGit{}, err
+	}
+	switch rec.Strategy {
+	case StrategyGitWorktree:
+		if rec, err = m.ensureStore(ctx, rec); err != nil {
+			return jailedGit{}, err
+		}
+		return m.storeJail(rec, m.store(rec), true, nil, "", nil), nil
+	case StrategyShared:
+		env := gitJailEnv(m.git.author)
+		env["GIT_CEILING_DIRECTORIES"] = filepath.Dir(rec.SharedRoot)
+		return jailedGit{workspace: rec.SharedRoot, readOnly: true, env: env}, nil
+	}
+	return jailedGit{}, fmt.Errorf("%s is not a git workspace: %w", ref, ErrNotManaged)
+}
+
+// parseGitState reads gitStateScript's output.
+func parseGitState(out []byte) (GitState, error) {
+	head, status, _ := bytes.Cut(out, []byte("\nstatus\n"))
+	if r := scriptValue(head, "unreadable"); r != "" {
+		return GitState{Reason: r}, nil
+	}
+	st := GitState{Head: scriptValue(head, "head"), Branch: scriptValue(head, "branch")}
+	f := strings.Fields(scriptValue(head, "counts"))
+	if !isHexID(st.Head) || len(f) != 2 || !bytes.Contains(out, []byte("\nstatus\n")) {
+		return GitState{Reason: "git's answer could not be read"}, nil
+	}
+	st.Behind, _ = strconv.Atoi(f[0])
+	st.Ahead, _ = strconv.Atoi(f[1])
+	switch scriptValue(head, "merged") {
+	case "0":
+		st.Merged = true
+	case "1":
+	default:
+		return GitState{Reason: "git could not tell whether HEAD is merged"}, nil
+	}
+	recs := strings.Split(string(status), "\x00")
 	for i := 0; i < len(recs); i++ {
 		rec := recs[i]
 		if len(rec) < 4 {
@@ -125,21 +229,6 @@ func (m *Manager) GitState(ctx context.Context, root, baseRef string) (GitState,
 			i++ // the next record is the rename or copy source
 		}
 	}
-	counts, err := m.git.run(ctx, g, "rev-list", "--left-right", "--count", "--end-of-options", baseRef+"...HEAD")
-	if err != nil {
-		return fail(err)
-	}
-	f := strings.Fields(counts)
-	if len(f) != 2 {
-		return fail(fmt.Errorf("unexpected rev-list output %q", counts))
-	}
-	st.Behind, _ = strconv.Atoi(f[0])
-	st.Ahead, _ = strconv.Atoi(f[1])
-	merged, err := m.git.test(ctx, g, "merge-base", "--is-ancestor", "HEAD", baseRef)
-	if err != nil {
-		return fail(err)
-	}
-	st.Merged = merged
 	st.Readable = true
 	return st, nil
 }
@@ -150,50 +239,64 @@ type RescueRef struct {
 	Commit string // the snapshot commit (its parent is HEAD)
 }
 
-// Rescue snapshots everything in the worktree at root that `git add -A` would stage (tracked changes
-// and untracked, non-ignored files) into a commit whose parent is HEAD, and points
-// refs/berth/rescue/<ref>-<unix> at it. The worktree, its index and its branch are left untouched (a
-// private index file is used), so it is safe to run before a destructive close.
-func (m *Manager) Rescue(ctx context.Context, root, ref string, now time.Time) (RescueRef, error) {
+// Rescue snapshots everything in the worktree of workspace ref that `git add -A` would stage
+// (tracked changes and untracked, non-ignored files) into a commit whose parent is HEAD, and
+// points refs/berth/rescue/<ref>-<unix> at it. The snapshot is made in Berth's git jail with a
+// private index and the work tree read-only (the worktree, its index and its branch are left
+// untouched), and comes home as a verified pack; the rescue ref is only ever created, never
+// moved. It is safe to run before a destructive close.
+func (m *Manager) Rescue(ctx context.Context, ref string, now time.Time) (RescueRef, error) {
 	if !ValidRef(ref) {
 		return RescueRef{}, fmt.Errorf("rescue: %w", ErrBadRef)
 	}
-	r, err := m.rescue(ctx, root, ref, now)
+	r, err := m.rescue(ctx, ref, now)
 	if err != nil {
 		return RescueRef{}, fmt.Errorf("rescue %s: %w", ref, err)
 	}
 	return r, nil
 }
 
-func (m *Manager) rescue(ctx context.Context, root, ref string, now time.Time) (RescueRef, error) {
-	tmp, err := os.MkdirTemp(m.git.home, "rescue-index-")
+func (m *Manager) rescue(ctx context.Context, ref string, now time.Time) (RescueRef, error) {
+	rec, err := m.owned(ref)
 	if err != nil {
 		return RescueRef{}, err
 	}
-	defer os.RemoveAll(tmp)
-	g := gitCall{dir: root, env: []string{"GIT_INDEX_FILE=" + filepath.Join(tmp, "index")}}
-	head, err := m.git.run(ctx, g, "rev-parse", "--verify", "HEAD")
+	if rec.Strategy != StrategyGitWorktree {
+		return RescueRef{}, fmt.Errorf("not a git worktree: %w", ErrNotManaged)
+	}
+	if rec, err = m.ensureStore(ctx, rec); err != nil {
+		return RescueRef{}, err
+	}
+	s := m.store(rec)
+	base, err := s.base()
 	if err != nil {
 		return RescueRef{}, err
 	}
-	if _, err := m.git.run(ctx, g, "read-tree", head); err != nil {
-		return RescueRef{}, err
-	}
-	if _, err := m.git.run(ctx, g, "add", "-A"); err != nil {
-		return RescueRef{}, err
-	}
-	tree, err := m.git.run(ctx, g, "write-tree")
+	out, err := m.runJailedGit(ctx, m.storeJail(rec, s, true, nil, `set -e
+t=$(mktemp -d)
+trap 'rm -rf "$t"' EXIT
+export GIT_INDEX_FILE="$t/index"
+head=$(git rev-parse --verify "HEAD^{commit}")
+git read-tree "$head"
+git add -A
+tree=$(git write-tree)
+commit=$(printf '%s\n' "$BERTH_MESSAGE" | git commit-tree "$tree" -p "$head")
+echo "rescue $commit"
+printf '%s\n^%s\n' "$commit" "$BERTH_BASE" | git pack-objects --revs --thin --stdout -q > "$BERTH_OUT/rescue.pack"`,
+		map[string]string{"BERTH_BASE": base, "BERTH_MESSAGE": "berth rescue of " + ref + " before destructive close"}))
 	if err != nil {
 		return RescueRef{}, err
 	}
-	msg := fmt.Sprintf("berth rescue of %s before destructive close\n", ref)
-	commit, err := m.git.run(ctx, gitCall{dir: root, stdin: []byte(msg)}, "commit-tree", tree, "-p", head)
-	if err != nil {
+	commit := scriptValue(out, "rescue")
+	if !isHexID(commit) {
+		return RescueRef{}, fmt.Errorf("the snapshot made no commit: %w", ErrGit)
+	}
+	if err := m.importPack(ctx, rec, s, "rescue.pack", commit, base); err != nil {
 		return RescueRef{}, err
 	}
 	name := fmt.Sprintf("refs/berth/rescue/%s-%d", ref, now.Unix())
 	// The empty old value makes update-ref refuse to overwrite an existing rescue ref.
-	if _, err := m.git.run(ctx, gitCall{dir: root}, "update-ref", "-m", "berth rescue", name, commit, ""); err != nil {
+	if _, err := m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "update-ref", "-m", "berth rescue", name, commit, ""); err != nil {
 		return RescueRef{}, err
 	}
 	return RescueRef{Name: name, Commit: commit}, nil

@@ -22,30 +22,30 @@ func TestCommitAndGitState(t *testing.T) {
 	}
 	root := filepath.Join(m.Base(), res.Cwd)
 
-	st, err := m.GitState(ctx, root, res.BaseRef)
+	st, err := m.GitState(ctx, res.Ref, res.BaseRef)
 	if err != nil || !st.Readable || st.Dirty != 0 || st.Untracked != 0 || st.Ahead != 0 || !st.Merged {
 		t.Fatalf("fresh state %+v %v", st, err)
 	}
 	// Nothing to commit: no commit, no error.
-	if c, err := m.Commit(ctx, root, CommitSpec{Branch: res.Branch, TaskKey: "PRJ-7", RunID: "run-1"}); err != nil || c.Changed || c.Commit != "" {
+	if c, err := m.Commit(ctx, res.Ref, CommitSpec{Branch: res.Branch, TaskKey: "PRJ-7", RunID: "run-1"}); err != nil || c.Changed || c.Commit != "" {
 		t.Fatalf("empty commit = %+v, %v", c, err)
 	}
 
 	writeFiles(t, root, map[string]string{"README.md": "changed\n", "new.go": "package x\n", "debug.log": "ignored"})
-	st, _ = m.GitState(ctx, root, res.BaseRef)
+	st, _ = m.GitState(ctx, res.Ref, res.BaseRef)
 	if st.Dirty != 1 || st.Untracked != 1 {
 		t.Fatalf("dirty state %+v", st)
 	}
 	author := Identity{Name: "Agent Smith", Email: "smith@example.com"}
-	c, err := m.Commit(ctx, root, CommitSpec{Branch: res.Branch, TaskKey: "PRJ-7", RunID: "run-1", Author: author})
+	c, err := m.Commit(ctx, res.Ref, CommitSpec{Branch: res.Branch, TaskKey: "PRJ-7", RunID: "run-1", Author: author})
 	if err != nil || !c.Changed || len(c.Commit) != 40 {
 		t.Fatalf("commit = %+v, %v", c, err)
 	}
-	msg := gitT(t, root, "log", "-1", "--format=%an <%ae>%n%B")
+	msg := gitT(t, repo, "log", "-1", "--format=%an <%ae>%n%B", res.Branch)
 	if !strings.Contains(msg, "Agent Smith <smith@example.com>") || !strings.Contains(msg, "PRJ-7") || !strings.Contains(msg, "run-1") {
 		t.Fatalf("commit message:\n%s", msg)
 	}
-	files := gitT(t, root, "show", "--name-only", "--format=", "HEAD")
+	files := gitT(t, repo, "show", "--name-only", "--format=", res.Branch)
 	if strings.Contains(files, "debug.log") || !strings.Contains(files, "new.go") {
 		t.Fatalf(".gitignore not applied: %s", files)
 	}
@@ -53,27 +53,33 @@ func TestCommitAndGitState(t *testing.T) {
 	if got := gitT(t, repo, "rev-parse", "refs/heads/"+res.Branch); got != c.Commit {
 		t.Fatalf("branch at %s, want %s", got, c.Commit)
 	}
-	st, _ = m.GitState(ctx, root, res.BaseRef)
+	st, _ = m.GitState(ctx, res.Ref, res.BaseRef)
 	if st.Ahead != 1 || st.Behind != 0 || st.Merged || st.Dirty != 0 || st.Untracked != 0 {
 		t.Fatalf("after commit %+v", st)
 	}
 	// Merging into the base makes it merged; a new base commit makes it behind.
 	gitT(t, repo, "merge", "-q", "--ff-only", res.Branch)
 	commitFile(t, repo, "later.txt", "x", "later")
-	st, _ = m.GitState(ctx, root, res.BaseRef)
+	st, _ = m.GitState(ctx, res.Ref, res.BaseRef)
 	if !st.Merged || st.Behind != 1 || st.Ahead != 0 {
 		t.Fatalf("after merge %+v", st)
 	}
 
-	// Wrong branch and unreadable states.
-	gitT(t, root, "checkout", "-q", "--detach")
-	if _, err := m.Commit(ctx, root, CommitSpec{Branch: res.Branch, TaskKey: "PRJ-7", RunID: "run-2"}); !errors.Is(err, ErrWrongBranch) {
-		t.Fatalf("detached commit: %v", err)
+	// A run that detached HEAD still has its work committed on the task branch; another branch
+	// than the workspace's is refused; unreadable states.
+	runGit(t, m, res.Ref, "checkout", "-q", "--detach")
+	writeFiles(t, root, map[string]string{"after-detach.txt": "x\n"})
+	if c, err := m.Commit(ctx, res.Ref, CommitSpec{Branch: res.Branch, TaskKey: "PRJ-7", RunID: "run-2"}); err != nil || !c.Changed ||
+		gitT(t, repo, "rev-parse", "refs/heads/"+res.Branch) != c.Commit {
+		t.Fatalf("detached commit: %+v %v", c, err)
 	}
-	if st, err := m.GitState(ctx, t.TempDir(), "main"); err != nil || st.Readable {
+	if _, err := m.Commit(ctx, res.Ref, CommitSpec{Branch: "berth/OTHER-1", TaskKey: "PRJ-7", RunID: "run-2"}); !errors.Is(err, ErrWrongBranch) {
+		t.Fatalf("commit for another branch: %v", err)
+	}
+	if st, err := m.GitState(ctx, "ws-"+strings.Repeat("0", 32), "main"); err != nil || st.Readable {
 		t.Fatalf("non-repo state %+v %v", st, err)
 	}
-	if st, err := m.GitState(ctx, root, "refs/heads/does-not-exist"); err != nil || st.Readable {
+	if st, err := m.GitState(ctx, res.Ref, "refs/heads/does-not-exist"); err != nil || st.Readable {
 		t.Fatalf("missing base state %+v %v", st, err)
 	}
 }
@@ -89,11 +95,11 @@ func TestRescueKeepsWorktreeUntouched(t *testing.T) {
 	}
 	root := filepath.Join(m.Base(), res.Cwd)
 	writeFiles(t, root, map[string]string{"a.txt": "changed", "untracked.txt": "u", "tmp/x": "ignored"})
-	gitT(t, root, "add", "a.txt") // a staged change must survive untouched
-	statusBefore := gitT(t, root, "status", "--porcelain")
+	runGit(t, m, res.Ref, "add", "a.txt") // a staged change must survive untouched
+	statusBefore := runGit(t, m, res.Ref, "status", "--porcelain")
 
 	now := time.Unix(1_700_000_000, 0)
-	rr, err := m.Rescue(ctx, root, res.Ref, now)
+	rr, err := m.Rescue(ctx, res.Ref, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,10 +116,10 @@ func TestRescueKeepsWorktreeUntouched(t *testing.T) {
 	if gitT(t, repo, "show", rr.Commit+":a.txt") != "changed" {
 		t.Fatal("rescue lacks the modification")
 	}
-	if statusBefore != gitT(t, root, "status", "--porcelain") || gitT(t, root, "rev-parse", "HEAD") != res.BaseCommit {
+	if statusBefore != runGit(t, m, res.Ref, "status", "--porcelain") || runGit(t, m, res.Ref, "rev-parse", "HEAD") != res.BaseCommit {
 		t.Fatal("rescue changed the worktree, index or branch")
 	}
-	if _, err := m.Rescue(ctx, root, res.Ref, now); !errors.Is(err, ErrGit) {
+	if _, err := m.Rescue(ctx, res.Ref, now); !errors.Is(err, ErrGit) {
 		t.Fatalf("second rescue with the same name overwrote: %v", err)
 	}
 	// The rescue ref survives destroying the workspace.

@@ -51,6 +51,9 @@ func syncDir(dir string) error {
 	return f.Sync()
 }
 
+// noFollow refuses a symlink in the last component of a path being opened.
+const noFollow = syscall.O_NOFOLLOW
+
 // readFileNoFollow reads a small regular file without following a symlink in its last component.
 func readFileNoFollow(path string, max int64) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"regexp"
@@ -86,10 +87,10 @@ func (g gitRunner) env(author Identity, extra []string) []string {
 
 // gitCall describes one git invocation.
 type gitCall struct {
-	dir    string   // working directory ("" = private home)
-	env    []string // extra environment
-	author Identity // zero = runner default
-	stdin  []byte
+	dir    string    // working directory ("" = private home)
+	env    []string  // extra environment
+	author Identity  // zero = runner default
+	stdin  io.Reader // nil = no input
 }
 
 // run executes git and returns its stdout with the trailing newline trimmed.
@@ -143,7 +144,7 @@ func (g gitRunner) exec(ctx context.Context, c gitCall, args ...string) (gitOutp
 	}
 	cmd.WaitDelay = 5 * time.Second
 	if c.stdin != nil {
-		cmd.Stdin = bytes.NewReader(c.stdin)
+		cmd.Stdin = c.stdin
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout

@@ -95,6 +95,11 @@ func (m *Manager) ensureCache(ctx context.Context, rawURL, dir string) error {
 	fi, err := os.Lstat(dir)
 	switch {
 	case err == nil && fi.IsDir():
+		if fi.Mode().Perm() != 0o755 { // made before the cache was readable by the run user
+			if err := os.Chmod(dir, 0o755); err != nil {
+				return err
+			}
+		}
 		return m.fetchCache(ctx, rawURL, dir)
 	case err == nil:
 		return fmt.Errorf("git cache entry is not a directory: %w", ErrUnsafePath)
@@ -114,6 +119,11 @@ func (m *Manager) ensureCache(ctx context.Context, rawURL, dir string) error {
 		return err
 	}
 	if err := m.fetchCache(ctx, rawURL, tmp); err != nil {
+		return err
+	}
+	// Readable by the run user: a jailed run reads the cache's objects (its worktree's common
+	// dir); the data dir around it is private.
+	if err := os.Chmod(tmp, 0o755); err != nil {
 		return err
 	}
 	return os.Rename(tmp, dir)

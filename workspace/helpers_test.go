@@ -6,8 +6,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"berth/environment/jail"
 )
 
 // testCtx returns a context that ends before the test's own deadline, so every wait is bounded.
@@ -18,9 +21,19 @@ func testCtx(t testing.TB) context.Context {
 	return ctx
 }
 
+// testJail is this machine's jail, detected once: the workspace tests run Berth's git scripts in
+// it as the run user, as a server does (nil without bubblewrap: on the host).
+var testJail = sync.OnceValue(func() *jail.Host {
+	h, err := jail.Detect(context.Background())
+	if err != nil {
+		return nil
+	}
+	return &h
+})
+
 func newTestManager(t testing.TB) *Manager {
 	t.Helper()
-	m, err := NewManager(t.TempDir(), Options{})
+	m, err := NewManager(t.TempDir(), Options{Jail: testJail()})
 	if err != nil {
 		t.Fatalf("NewManager: %v", err)
 	}
@@ -91,4 +104,27 @@ func mustRead(t testing.TB, p string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// runGit runs git in workspace ref's worktree the way a jailed run does (its private store bound
+// over the recorded admin dir, the source's objects as alternates), and returns its stdout.
+func runGit(t testing.TB, m *Manager, ref string, args ...string) string {
+	t.Helper()
+	rec, err := m.owned(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err = m.ensureStore(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	out, err := m.runJailedGit(context.Background(), m.storeJail(rec, m.store(rec), false,
+		&Identity{Name: "T", Email: "t@example.com"}, "git "+strings.Join(quoted, " "), nil))
+	if err != nil {
+		t.Fatalf("git %v in %s: %v", args, ref, err)
+	}
+	return strings.TrimSpace(string(out))
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"berth/environment/jail"
 )
 
 // Strategy names how a workspace root was realized; the values are the ones stored in the ledger.
@@ -35,6 +37,10 @@ type Options struct {
 	// total size); zero means DefaultCopyMaxBytes and DefaultCopyMaxFiles.
 	CopyMaxBytes int64
 	CopyMaxFiles int
+	// Jail is this host's jail (jail.Detect): Berth's own git commands that interpret what a run
+	// wrote run in its git profile (gitjail.go). Nil runs them on the host, which is only right
+	// where no jail exists (then only uncontained environments run at all).
+	Jail *jail.Host
 }
 
 // Manager owns the managed base <data dir>/workspaces (mode 0700) and every root it creates there.
@@ -48,6 +54,7 @@ type Manager struct {
 	cache   string // <data dir>/git-cache
 	runGit  string // <data dir>/run-git: jailed runs' private git stores (rungit.go)
 	git     gitRunner
+	jail    *jail.Host // nil: Berth's git scripts run on the host (gitjail.go)
 	// copyQuota bounds copy realizations (copy.go).
 	copyQuota copyQuota
 	// digests memoizes the tree digests of commit ids (treedigest_cache.go).
@@ -68,6 +75,7 @@ type record struct {
 	Ino        uint64    `json:"ino,omitempty"`
 	Birth      int64     `json:"birth_ns,omitempty"` // creation time where the file system keeps one
 	GitDir     string    `json:"git_dir,omitempty"`
+	AdminDir   string    `json:"admin_dir,omitempty"` // the worktree's admin dir, recorded when git made it
 	Branch     string    `json:"branch,omitempty"`
 	SharedRoot string    `json:"shared_root,omitempty"`
 }
@@ -105,6 +113,7 @@ func NewManager(dataDir string, opts Options) (*Manager, error) {
 		cache:     dirs["git-cache"],
 		runGit:    dirs["run-git"],
 		git:       newGitRunner(dirs["git-home"], opts.Author),
+		jail:      opts.Jail,
 		copyQuota: newCopyQuota(opts.CopyMaxBytes, opts.CopyMaxFiles),
 		holders:   map[string]int{},
 		closing:   map[string]bool{},
@@ -258,24 +267,37 @@ func (m *Manager) Forget(ref string) error {
 	return syncDir(m.base)
 }
 
-// removeRoot unregisters a worktree, deletes the root and then its bookkeeping files.
+// removeRoot deletes the root, then unregisters a worktree, then deletes its bookkeeping files.
+// git's own `worktree remove` is not used: it reads the workspace's .git and walks the tree by
+// path; the tree is deleted here without following anything, and the admin dir is the one Berth
+// recorded.
 func (m *Manager) removeRoot(ctx context.Context, rec record) error {
+	return m.removeRootLocking(ctx, rec, true)
+}
+
+// removeRootLocking is removeRoot; lock false is for callers that already hold the source lock.
+func (m *Manager) removeRootLocking(ctx context.Context, rec record, lock bool) error {
 	root := filepath.Join(m.base, rec.Ref)
-	if rec.GitDir != "" {
-		lock := m.sourceLock(rec.GitDir)
-		lock.Lock()
-		defer lock.Unlock()
-		// A failure here is tolerated: the worktree may be half-created or already unregistered, and
-		// the prune below drops whatever registration is left once the directory is gone.
-		_, err := m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "worktree", "remove", "--force", "--force", root)
-		if err != nil && ctx.Err() != nil {
-			return err
-		}
-	}
 	if err := removeTree(root); err != nil {
 		return err
 	}
+	if err := os.RemoveAll(m.runGitDir(rec.Ref)); err != nil {
+		return err
+	}
 	if rec.GitDir != "" {
+		if lock {
+			l := m.sourceLock(rec.GitDir)
+			l.Lock()
+			defer l.Unlock()
+		}
+		if rec.AdminDir == "" {
+			rec.AdminDir, _ = m.findAdminDir(rec.GitDir, root)
+		}
+		if rec.AdminDir != "" && filepath.Dir(rec.AdminDir) == filepath.Join(rec.GitDir, "worktrees") {
+			if err := os.RemoveAll(rec.AdminDir); err != nil {
+				return err
+			}
+		}
 		if _, err := os.Stat(rec.GitDir); err == nil {
 			_, _ = m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "worktree", "prune")
 		}
@@ -288,19 +310,15 @@ func (m *Manager) removeRoot(ctx context.Context, rec record) error {
 	return syncDir(m.base)
 }
 
-// removeTree deletes dir and everything below it without following symlinks; when permissions
-// block it (a run left read-only directories), it makes directories writable and retries.
+// removeTree deletes dir and everything below it without following symlinks (os.RemoveAll works
+// on descriptors); when permissions block it (a run left read-only directories and Berth is not
+// root), it makes the directories writable on descriptors too, and retries.
 func removeTree(dir string) error {
 	err := os.RemoveAll(dir)
 	if err == nil {
 		return nil
 	}
-	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, werr error) error {
-		if werr == nil && d.IsDir() {
-			_ = os.Chmod(p, 0o700)
-		}
-		return nil
-	})
+	_ = jail.MakeRemovable(dir)
 	return os.RemoveAll(dir)
 }
 

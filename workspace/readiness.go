@@ -160,17 +160,23 @@ func EvaluateClose(s CloseSnapshot) Readiness {
 			head = "HEAD (" + printable(s.Git.Head[:12]) + ")"
 		}
 		r.plan(ActionRescueRef, fmt.Sprintf("Snapshot %s and every uncommitted or untracked file into one commit, kept at %s.", head, rescueRefName(w.RootRel)),
-			"git -C "+root+" update-ref "+rescueRefName(w.RootRel)+" <snapshot-commit>")
+			"git --git-dir="+GitDirPlaceholder+" update-ref "+rescueRefName(w.RootRel)+" <snapshot-commit> ''")
 	}
 	if cleanup {
 		r.plan(ActionCleanupCommand, "Run the project's cleanup command in the workspace root.", "cd "+root+" && /bin/sh -c "+shellWord(w.CleanupCommand))
 	}
-	if deletes && worktree {
-		r.plan(ActionGitWorktreeRemove, fmt.Sprintf("Remove the git worktree (unregister it and delete its files); %s is kept.", branchName(w, s.Git)),
-			"git -C "+root+" worktree remove --force --force "+root)
-	}
 	if deletes {
 		r.plan(ActionRemoveDirectory, "Delete the workspace directory.", "rm -rf -- "+root)
+	}
+	if deletes && worktree {
+		// The worktree's registration goes after its files: its admin dir in the source repository,
+		// as Berth recorded it (nothing of the workspace's own .git is read for it).
+		name := w.RootRel
+		if s.Git != nil && s.Git.AdminName != "" {
+			name = s.Git.AdminName
+		}
+		r.plan(ActionGitWorktreeRemove, fmt.Sprintf("Unregister the git worktree from its repository; %s is kept.", branchName(w, s.Git)),
+			"rm -rf -- "+GitDirPlaceholder+"/worktrees/"+shellWord(name))
 	}
 	label := "Mark the workspace closed, fenced by generation " + strconv.FormatInt(w.Generation, 10) + "."
 	if !deletes {

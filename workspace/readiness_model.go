@@ -50,6 +50,10 @@ const (
 // response ever carries an absolute host path.
 const WorkspacesPlaceholder = `"$BERTH_WORKSPACES"`
 
+// GitDirPlaceholder stands for the source repository's git dir in a worktree's planned actions
+// (its worktree registration lives there).
+const GitDirPlaceholder = `"$BERTH_GIT_DIR"`
+
 // CloseWorkspace is what close-readiness knows of the execution workspace itself.
 type CloseWorkspace struct {
 	ID         string

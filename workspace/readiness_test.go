@@ -28,7 +28,7 @@ func cleanClose() CloseSnapshot {
 	}
 }
 
-var closeActionOrder = []string{ActionStopServices, ActionRescueRef, ActionCleanupCommand, ActionGitWorktreeRemove, ActionRemoveDirectory, ActionArchiveRecord}
+var closeActionOrder = []string{ActionStopServices, ActionRescueRef, ActionCleanupCommand, ActionRemoveDirectory, ActionGitWorktreeRemove, ActionArchiveRecord}
 
 // hostPath finds an absolute path where a person would read one: at the start of a word or after a
 // quote or '='. The root placeholder and the shell the cleanup command runs under are allowed.
@@ -36,7 +36,7 @@ var hostPath = regexp.MustCompile(`(^|[\s'"=(])/`)
 
 func assertNoHostPath(t *testing.T, what, s string) {
 	t.Helper()
-	clean := strings.ReplaceAll(s, WorkspacesPlaceholder+"/", "")
+	clean := strings.ReplaceAll(strings.ReplaceAll(s, WorkspacesPlaceholder+"/", ""), GitDirPlaceholder+"/", "")
 	clean = strings.ReplaceAll(clean, "/bin/sh -c ", "")
 	if hostPath.MatchString(clean) || strings.Contains(s, "/var/lib") {
 		t.Errorf("%s holds an absolute path: %q", what, s)
@@ -62,7 +62,7 @@ func kinds(as []PlannedAction) []string {
 func TestEvaluateClose(t *testing.T) {
 	t.Parallel()
 	var (
-		full     = []string{ActionCleanupCommand, ActionGitWorktreeRemove, ActionRemoveDirectory, ActionArchiveRecord}
+		full     = []string{ActionCleanupCommand, ActionRemoveDirectory, ActionGitWorktreeRemove, ActionArchiveRecord}
 		rescued  = append([]string{ActionRescueRef}, full...)
 		archived = []string{ActionArchiveRecord}
 		none     = []string{}
@@ -221,7 +221,10 @@ func TestEvaluateClose(t *testing.T) {
 				}
 				assertNoHostPath(t, a.Kind+" command", a.Command)
 				assertNoHostPath(t, a.Kind+" label", a.Label)
-				if a.Kind == ActionRemoveDirectory || a.Kind == ActionGitWorktreeRemove || a.Kind == ActionCleanupCommand || a.Kind == ActionRescueRef {
+				if a.Kind == ActionGitWorktreeRemove && !strings.Contains(a.Command, GitDirPlaceholder+"/worktrees/") {
+					t.Errorf("%s command does not name the registration by placeholder: %q", a.Kind, a.Command)
+				}
+				if a.Kind == ActionRemoveDirectory || a.Kind == ActionCleanupCommand {
 					if !strings.Contains(a.Command, WorkspacesPlaceholder+"/"+closeTestRef) {
 						t.Errorf("%s command does not name the root by placeholder: %q", a.Kind, a.Command)
 					}
@@ -282,10 +285,10 @@ func TestEvaluateCloseCommands(t *testing.T) {
 	want := []PlannedAction{
 		{Kind: ActionStopServices, Command: `berth: stop service 'my api'`},
 		{Kind: ActionStopServices, Command: `kill -TERM -- -4242`},
-		{Kind: ActionRescueRef, Command: `git -C ` + root + ` update-ref refs/berth/rescue/` + closeTestRef + `-<unix-time> <snapshot-commit>`},
+		{Kind: ActionRescueRef, Command: `git --git-dir="$BERTH_GIT_DIR" update-ref refs/berth/rescue/` + closeTestRef + `-<unix-time> <snapshot-commit> ''`},
 		{Kind: ActionCleanupCommand, Command: `cd ` + root + ` && /bin/sh -c 'rm -rf '\''build dir'\'' && echo $HOME'`},
-		{Kind: ActionGitWorktreeRemove, Command: `git -C ` + root + ` worktree remove --force --force ` + root},
 		{Kind: ActionRemoveDirectory, Command: `rm -rf -- ` + root},
+		{Kind: ActionGitWorktreeRemove, Command: `rm -rf -- "$BERTH_GIT_DIR"/worktrees/` + closeTestRef},
 		{Kind: ActionArchiveRecord, Command: `berth: archive execution workspace ew-1 generation 3`},
 	}
 	if len(r.PlannedActions) != len(want) {
@@ -297,7 +300,7 @@ func TestEvaluateCloseCommands(t *testing.T) {
 			t.Errorf("action %d = %s %q, want %s %q", i, got.Kind, got.Command, w.Kind, w.Command)
 		}
 	}
-	if l := r.PlannedActions[4].Label; !strings.Contains(l, "berth/PRJ-7 is kept") {
+	if l := r.PlannedActions[5].Label; !strings.Contains(l, "berth/PRJ-7 is kept") {
 		t.Errorf("worktree label does not say the branch is kept: %q", l)
 	}
 	if l := r.PlannedActions[2].Label; !strings.Contains(l, "0123456789ab") {
@@ -483,7 +486,7 @@ func TestEvaluateCloseCommandsRun(t *testing.T) {
 	}
 	root := filepath.Join(m.Base(), res.Cwd)
 	snap := func() CloseSnapshot {
-		st, err := m.GitState(ctx, root, res.BaseRef)
+		st, err := m.GitState(ctx, res.Ref, res.BaseRef)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -497,8 +500,11 @@ func TestEvaluateCloseCommandsRun(t *testing.T) {
 	if r := EvaluateClose(snap()); !reflect.DeepEqual(codes(r.BlockingReasons), []string{BlockDirtyWorktree}) {
 		t.Fatalf("dirty worktree: blockers = %v", codes(r.BlockingReasons))
 	}
-	gitT(t, root, "add", "-A")
-	gitT(t, root, "commit", "-q", "-m", "work")
+	runGit(t, m, res.Ref, "add", "-A")
+	runGit(t, m, res.Ref, "commit", "-q", "-m", "work")
+	if err := m.BringHome(ctx, res.Ref); err != nil {
+		t.Fatal(err)
+	}
 	if r := EvaluateClose(snap()); !reflect.DeepEqual(codes(r.BlockingReasons), []string{BlockUnmergedWork}) {
 		t.Fatalf("unmerged branch: blockers = %v", codes(r.BlockingReasons))
 	}
@@ -513,7 +519,7 @@ func TestEvaluateCloseCommandsRun(t *testing.T) {
 		}
 		cmd := exec.CommandContext(ctx, "/bin/sh", "-c", a.Command)
 		cmd.Dir = t.TempDir()
-		cmd.Env = append(os.Environ(), "BERTH_WORKSPACES="+m.Base(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
+		cmd.Env = append(os.Environ(), "BERTH_WORKSPACES="+m.Base(), "BERTH_GIT_DIR="+filepath.Join(repo, ".git"), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("%s %q: %v\n%s", a.Kind, a.Command, err, out)
 		}

@@ -190,10 +190,15 @@ func (m *Manager) discardAttempts(ctx context.Context, s Selection, res *Selecte
 			return err
 		} else if wt != "" {
 			root, err := m.Root(d.Ref)
-			if err != nil || !ValidRef(d.Ref) || filepath.Clean(wt) != root {
+			rec, rerr := m.owned(d.Ref)
+			if err != nil || rerr != nil || filepath.Clean(wt) != root {
 				continue // checked out where this node cannot detach it: the branch stays, its head is kept anyway
 			}
-			if _, err := m.git.run(ctx, gitCall{dir: root}, "update-ref", "--no-deref", "-m", "berth discard", "HEAD", tip); err != nil {
+			if rec, err = m.ensureAdminDir(ctx, rec); err != nil {
+				return err
+			}
+			// The worktree's registration (its recorded admin dir), never its own .git.
+			if _, err := m.git.run(ctx, gitCall{}, "--git-dir="+rec.AdminDir, "update-ref", "--no-deref", "-m", "berth discard", "HEAD", tip); err != nil {
 				return err
 			}
 		}
@@ -230,7 +235,7 @@ type DiffStat struct {
 
 // DiffStatOf compares commit head with base in gitDir (text diff, renames detected).
 func (m *Manager) DiffStatOf(ctx context.Context, gitDir, base, head string) (DiffStat, error) {
-	out, err := m.git.run(ctx, gitCall{}, "--git-dir="+gitDir, "diff", "--shortstat", "-M", "--end-of-options", base, head)
+	out, err := m.git.run(ctx, gitCall{}, "--git-dir="+gitDir, "diff", "--no-textconv", "--no-ext-diff", "--shortstat", "-M", "--end-of-options", base, head)
 	if err != nil {
 		return DiffStat{}, fmt.Errorf("diffstat: %w", err)
 	}
@@ -260,7 +265,7 @@ const maxDiffPaths = 500
 // says so). Files with a denied name in their path (DeniedName: secrets, keys, VCS metadata,
 // dependency trees) are left out and counted in hidden, as the file browser hides them.
 func (m *Manager) DiffText(ctx context.Context, gitDir, base, head string, max int) (text string, truncated bool, hidden int, err error) {
-	names, err := m.git.run(ctx, gitCall{}, "--git-dir="+gitDir, "diff", "--name-only", "-z", "--no-renames", "--end-of-options", base, head)
+	names, err := m.git.run(ctx, gitCall{}, "--git-dir="+gitDir, "diff", "--no-textconv", "--no-ext-diff", "--name-only", "-z", "--no-renames", "--end-of-options", base, head)
 	if err != nil {
 		return "", false, 0, fmt.Errorf("diff: %w", err)
 	}

@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"path"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -77,15 +76,23 @@ func TreeDigest(ctx context.Context, dir string) (string, error) {
 	return man.Digest(), nil
 }
 
-// WorktreeDigest returns the tree digest of what `git add -A` would commit in the worktree at
-// root: tracked and untracked-but-not-ignored regular files, read from the disk, with the
-// directories they imply. Right after finalize's commit it equals GitTreeDigest of HEAD.
-func (m *Manager) WorktreeDigest(ctx context.Context, root string) (string, error) {
-	out, err := m.git.run(ctx, gitCall{dir: root, env: []string{"GIT_OPTIONAL_LOCKS=0"}},
-		"ls-files", "-z", "--cached", "--others", "--exclude-standard", "--deduplicate")
+// WorktreeDigest returns the tree digest of what `git add -A` would commit in the worktree of
+// workspace ref: tracked and untracked-but-not-ignored regular files, read from the disk, with the
+// directories they imply. Right after finalize's commit it equals GitTreeDigest of the branch.
+// git lists the files in Berth's git jail (it reads the run's .gitignore and index); the files
+// are read here through an os.Root, never through a symlink.
+func (m *Manager) WorktreeDigest(ctx context.Context, ref string) (string, error) {
+	j, err := m.stateJail(ctx, ref)
 	if err != nil {
 		return "", fmt.Errorf("worktree digest: %w", err)
 	}
+	j.env["GIT_OPTIONAL_LOCKS"] = "0"
+	j.script = `exec git ls-files -z --cached --others --exclude-standard --deduplicate`
+	raw, err := m.runJailedGit(ctx, j)
+	if err != nil {
+		return "", fmt.Errorf("worktree digest: %w", err)
+	}
+	out, root := string(raw), j.workspace
 	var files []string
 	for _, p := range strings.Split(out, "\x00") {
 		if p != "" {
@@ -127,18 +134,14 @@ func (m *Manager) WorktreeDigest(ctx context.Context, root string) (string, erro
 	return withImpliedDirs(ents).Digest(), nil
 }
 
-// GitTreeDigest returns the tree digest of the commit rev in repo (a git dir, or a worktree that
-// has a .git entry): its regular files (modes 100644/100755) read from git's objects, with the
+// GitTreeDigest returns the tree digest of the commit rev in the git dir gitDir (never found
+// from a work tree): its regular files (modes 100644/100755) read from git's objects, with the
 // directories they imply.
-func (m *Manager) GitTreeDigest(ctx context.Context, repo, rev string) (string, error) {
+func (m *Manager) GitTreeDigest(ctx context.Context, gitDir, rev string) (string, error) {
 	if d, ok := m.digests.get(rev); ok && isCommitID(rev) {
 		return d, nil
 	}
-	c, args := gitCall{}, []string{"--git-dir=" + repo}
-	if _, err := os.Lstat(filepath.Join(repo, ".git")); err == nil {
-		c, args = gitCall{dir: repo}, nil
-	}
-	d, err := m.gitTreeDigest(ctx, c, args, rev)
+	d, err := m.gitTreeDigest(ctx, gitCall{}, []string{"--git-dir=" + gitDir}, rev)
 	if err != nil {
 		return "", fmt.Errorf("git tree digest of %.40s: %w", rev, err)
 	}

@@ -94,7 +94,11 @@ func BenchmarkReceiptTreeDigest(b *testing.B) {
 	}
 	ref := func() error { _, err := referenceTreeHash(dir); return err }
 	tree := func() error { _, err := TreeDigest(ctx, dir); return err }
-	wt := func() error { _, err := m.WorktreeDigest(ctx, dir); return err }
+	res, err := m.RealizeGitWorktree(ctx, GitWorktreeSpec{Source: dir, TaskKey: "BENCH-1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	wt := func() error { _, err := m.WorktreeDigest(ctx, res.Ref); return err }
 	measure(ref) // warm the page cache
 	measure(tree)
 	measure(wt)

@@ -124,15 +124,16 @@ func (m *Manager) realizeGitWorktree(ctx context.Context, spec GitWorktreeSpec) 
 	if !ok || !unstarted {
 		return Result{}, fmt.Errorf("branch %s is checked out in another worktree: %w", branch, ErrBranchInUse)
 	}
-	status, err := m.git.run(ctx, gitCall{dir: wt}, "status", "--porcelain", "--untracked-files=all")
+	// The managed worktree's files are what a run left there: git reads them in the jail only.
+	st, err := m.GitState(ctx, ref, base)
 	if err != nil {
 		return Result{}, err
 	}
-	if status != "" {
+	if !st.Readable || st.Dirty != 0 || st.Untracked != 0 {
 		return Result{}, fmt.Errorf("branch %s is checked out in a dirty worktree: %w", branch, ErrBranchInUse)
 	}
 	if tip != base {
-		if _, err := m.git.run(ctx, gitCall{dir: wt}, "merge", "--ff-only", "--quiet", base); err != nil {
+		if err := m.fastForward(ctx, ref, tip, base); err != nil {
 			return Result{}, err
 		}
 	}
@@ -140,34 +141,69 @@ func (m *Manager) realizeGitWorktree(ctx context.Context, spec GitWorktreeSpec) 
 	return res, nil
 }
 
-// addWorktree creates a managed root and runs `git worktree add` with args, where "{root}" stands
-// for the new root. On failure the root is removed again.
+// fastForward moves a clean managed worktree's branch from tip to base: its files and private
+// index in Berth's git jail (a two-tree read-tree, which applies .gitattributes there), then the
+// source's branch by compare-and-swap (bringHome).
+func (m *Manager) fastForward(ctx context.Context, ref, tip, base string) error {
+	rec, err := m.owned(ref)
+	if err != nil {
+		return err
+	}
+	if rec, err = m.ensureStore(ctx, rec); err != nil {
+		return err
+	}
+	s := m.store(rec)
+	if _, err := m.runJailedGit(ctx, m.storeJail(rec, s, false, nil, `set -e
+git update-ref "$BERTH_BRANCH_REF" "$BERTH_NEW" "$BERTH_OLD"
+git read-tree -m -u "$BERTH_OLD" "$BERTH_NEW"`, map[string]string{"BERTH_OLD": tip, "BERTH_NEW": base})); err != nil {
+		return err
+	}
+	return m.bringHome(ctx, rec)
+}
+
+// addWorktree creates a managed root and runs `git worktree add --no-checkout` with args, where
+// "{root}" stands for the new root; the files are then checked out in Berth's git jail, as the run
+// user (checkout applies .gitattributes, and the branch may hold a run's commits). On failure the
+// root is removed again.
 func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, args ...string) (Result, error) {
 	rec, root, err := m.createRoot(record{Strategy: StrategyGitWorktree, GitDir: src.gitDir, Branch: res.Branch})
 	if err != nil {
 		return Result{}, err
 	}
-	full := []string{"--git-dir=" + src.gitDir, "worktree", "add", "--quiet"}
+	full := []string{"--git-dir=" + src.gitDir, "worktree", "add", "--quiet", "--no-checkout"}
 	for _, a := range args {
 		if a == "{root}" {
 			a = root
 		}
 		full = append(full, a)
 	}
-	if _, err := m.git.run(ctx, gitCall{}, full...); err != nil {
-		_ = m.removeRootLocked(context.WithoutCancel(ctx), rec)
+	fail := func(err error) (Result, error) {
+		_ = m.removeRootLocking(context.WithoutCancel(ctx), rec, false) // the caller holds the source lock
 		return Result{}, err
+	}
+	if _, err := m.git.run(ctx, gitCall{}, full...); err != nil {
+		return fail(err)
+	}
+	// git wrote the .git file and the admin dir just now: the admin dir is recorded before any run
+	// can touch the tree, and from then on only the record names it.
+	if rec.AdminDir, err = m.findAdminDir(src.gitDir, root); err != nil {
+		return fail(err)
+	}
+	if err := m.writeRecord(rec); err != nil {
+		return fail(err)
+	}
+	tip, ok, err := m.revParse(ctx, src.gitDir, "refs/heads/"+res.Branch)
+	if err != nil || !ok {
+		return fail(fmt.Errorf("task branch %s after worktree add: %v: %w", res.Branch, err, ErrGit))
+	}
+	if err := m.initStore(rec, tip, true); err != nil {
+		return fail(err)
+	}
+	if _, err := m.runJailedGit(ctx, m.storeJail(rec, m.store(rec), false, nil, `git reset -q --hard`, nil)); err != nil {
+		return fail(err)
 	}
 	res.Ref, res.Cwd = rec.Ref, rec.Ref
 	return res, nil
-}
-
-// removeRootLocked is removeRoot for callers that already hold the source lock.
-func (m *Manager) removeRootLocked(ctx context.Context, rec record) error {
-	root := filepath.Join(m.base, rec.Ref)
-	_, _ = m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "worktree", "remove", "--force", "--force", root)
-	rec.GitDir = "" // already unregistered (or never registered); prune happens on the next prepare
-	return m.removeRoot(ctx, rec)
 }
 
 // managedWorktree maps a worktree path to the ref of a root this Manager owns for the same repository.

@@ -100,7 +100,7 @@ func TestGitWorktreeBranchRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := gitT(t, filepath.Join(m.Base(), res.Cwd), "rev-parse", "HEAD"); got != newBase || res.BaseCommit != newBase {
+	if got := runGit(t, m, res.Ref, "rev-parse", "HEAD"); got != newBase || res.BaseCommit != newBase {
 		t.Fatalf("worktree at %s, base %s, want %s", got, res.BaseCommit, newBase)
 	}
 
@@ -171,7 +171,7 @@ func TestGitWorktreeRemoteCache(t *testing.T) {
 		t.Fatalf("cache not reused: %v", entries)
 	}
 	// Fetching never clobbers the task branches kept in the cache.
-	st, err := m.GitState(ctx, filepath.Join(m.Base(), res.Cwd), "refs/remotes/origin/main")
+	st, err := m.GitState(ctx, res.Ref, "refs/remotes/origin/main")
 	if err != nil || !st.Readable || st.Behind != 1 || st.Branch != "berth/R-1" {
 		t.Fatalf("first worktree state %+v, %v", st, err)
 	}
@@ -260,7 +260,7 @@ func TestGitIgnoresUserConfigAndHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFiles(t, root, map[string]string{"x.txt": "x"})
-	if _, err := m.Commit(ctx, root, CommitSpec{Branch: "berth/H-1", TaskKey: "H-1", RunID: "r1"}); err != nil {
+	if _, err := m.Commit(ctx, res.Ref, CommitSpec{Branch: "berth/H-1", TaskKey: "H-1", RunID: "r1"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(marker); !os.IsNotExist(err) {

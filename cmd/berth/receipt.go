@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"berth/db"
+	"berth/environment/jail"
 	"berth/workspace"
 )
 
@@ -61,7 +62,11 @@ func receiptCmd(ctx context.Context, args []string, getenv func(string) string, 
 	fmt.Fprintf(stdout, "signature  ok      run %s (%s, %s)\n", rc.RunID, rc.Status, rc.Disposition)
 
 	v := &verifier{out: stdout, rc: rc}
-	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{})
+	var opts workspace.Options
+	if h, err := jail.Detect(ctx); err == nil {
+		opts.Jail = &h // git reads a worktree's files in the jail (workspace/gitjail.go)
+	}
+	mgr, err := workspace.NewManager(c.DataDir, opts)
 	if err != nil {
 		return err
 	}
@@ -171,8 +176,8 @@ func (v *verifier) workspace(ctx context.Context, mgr *workspace.Manager) {
 		return
 	}
 	var got string
-	if _, lerr := os.Lstat(filepath.Join(root, ".git")); lerr == nil {
-		got, err = mgr.WorktreeDigest(ctx, root)
+	if _, gerr := mgr.GitDir(ref); gerr == nil {
+		got, err = mgr.WorktreeDigest(ctx, ref)
 	} else {
 		got, err = workspace.TreeDigest(ctx, root)
 	}
