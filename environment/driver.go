@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"berth/environment/jail"
+	"berth/environment/netns"
 )
 
 // Sentinel errors of the drivers: every refusal wraps exactly one of these, so jobs can map them to
@@ -103,6 +104,10 @@ type ExecRequest struct {
 	Home string
 	// Git is what a jailed command in a git worktree may write (package workspace, RunGit).
 	Git jail.GitAccess
+	// Network names the network namespace the command joins (its execution workspace's, shared
+	// with the workspace's other jails and services, package netns); "" gives it a loopback of
+	// its own and nothing else.
+	Network string
 	// OnStart, if set, is called once with the leader's pid as soon as the command has started (for
 	// example to record it in the run row). It must return quickly.
 	OnStart func(pid int)
@@ -177,6 +182,9 @@ type Options struct {
 	// ImageDir is the host directory of a sandbox environment's active image layer, mounted at
 	// /opt/image.
 	ImageDir string
+	// Networks are this node's workspace network namespaces (package netns); nil when Berth is
+	// not root, and then a jail that wants a network has the host's (docs/network.md).
+	Networks *netns.Networks
 }
 
 // New returns the driver for an environment's configuration.

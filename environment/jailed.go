@@ -10,25 +10,82 @@ import (
 	"strings"
 
 	"berth/environment/jail"
+	"berth/environment/netns"
 )
 
-// startJail readies the host for spec (ownership, traversal) and makes the jail's command. done
-// closes the jail's data pipes; call it after the command has ended. The trees handed to the run
-// user stay its own while the workspace is open: a runtime service may still be writing there
-// after the run that started it ended.
-func startJail(h jail.Host, spec jail.Spec, within, store string) (*exec.Cmd, func(), error) {
-	c, err := jail.Build(spec)
+// startJail readies the host for spec (ownership) and makes the jail's command in network n.
+// start starts it (inside the workspace's network namespace when n has one); done closes the
+// jail's data pipes and lets the namespace go: call it after the command has ended. The trees
+// handed to the run user stay its own while the workspace is open: a runtime service may still
+// be writing there after the run that started it ended.
+func startJail(h jail.Host, spec jail.Spec, within, store string, n jailNetwork) (cmd *exec.Cmd, start func() error, done func(), err error) {
+	spec.Network = n.network
+	if spec.Env == nil {
+		spec.Env = map[string]string{}
+	}
+	if n.ns != nil {
+		n.env(spec.Env)
+	}
+	c, err := h.Build(spec)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", err, ErrInvalidRequest)
+		return nil, nil, nil, fmt.Errorf("%w: %w", err, ErrInvalidRequest)
 	}
 	if err := h.Prepare(spec, within, store); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", err, ErrDriverUnavailable)
+		return nil, nil, nil, fmt.Errorf("%w: %w", err, ErrDriverUnavailable)
 	}
 	cmd, closeData, err := h.Command(c)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return cmd, closeData, nil
+	start = cmd.Start
+	if n.ns != nil {
+		start = func() error { return n.ns.Do(cmd.Start) }
+	}
+	return cmd, start, func() { closeData(); n.release() }, nil
+}
+
+// jailNetwork is the network a jail gets: its workspace's own namespace (with Berth's API and
+// egress proxy on its loopback), or only a loopback of its own, or, when Berth is not root and
+// cannot make namespaces, the host's network (docs/network.md says what that leaves open).
+type jailNetwork struct {
+	network bool             // keep the namespace bubblewrap starts in (ns, or the host's)
+	ns      *netns.Namespace // the workspace's namespace, when there is one
+	release func()           // lets ns go
+}
+
+// jailNet picks the network of a jail of workspace key that wants one: the key's namespace when
+// this node has namespaces, else the host's. A jail that wants none gets its own loopback only.
+func jailNet(nets *netns.Networks, key string, want bool) (jailNetwork, error) {
+	n := jailNetwork{release: func() {}}
+	switch {
+	case !want:
+		return n, nil
+	case nets == nil || key == "":
+		n.network = nets == nil // not root: the host's network; no key: a loopback of its own
+		return n, nil
+	}
+	ns, release, err := nets.Acquire(key)
+	if err != nil {
+		return n, fmt.Errorf("network: %v: %w", err, ErrDriverUnavailable)
+	}
+	return jailNetwork{network: true, ns: ns, release: release}, nil
+}
+
+// env points a command in a workspace namespace at what Berth serves on its loopback: the API
+// (BERTH_API_URL and BERTH_MCP_URL, when the command has them) and the egress proxy.
+func (n jailNetwork) env(vars map[string]string) {
+	if _, ok := vars["BERTH_API_URL"]; ok {
+		vars["BERTH_API_URL"] = "http://" + netns.APIAddr
+	}
+	if _, ok := vars["BERTH_MCP_URL"]; ok {
+		vars["BERTH_MCP_URL"] = "http://" + netns.APIAddr + "/mcp"
+	}
+	proxy := "http://" + netns.ProxyAddr
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
+		vars[k] = proxy
+	}
+	vars["ALL_PROXY"], vars["all_proxy"] = "socks5h://"+netns.SocksAddr, "socks5h://"+netns.SocksAddr
+	vars["NO_PROXY"], vars["no_proxy"] = "127.0.0.1,localhost,::1", "127.0.0.1,localhost,::1"
 }
 
 // envMap turns a KEY=VALUE list into a map.

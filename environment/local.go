@@ -2,6 +2,7 @@ package environment
 
 import (
 	"berth/environment/jail"
+	"berth/environment/netns"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,7 @@ type local struct {
 	env       map[string]string // the environment's configured variables, secret values resolved
 	jail      *jail.Host        // nil: bubblewrap missing (contained runs are refused)
 	contained bool              // false only for "containment": "none", an instance admin's choice
+	networks  *netns.Networks   // this node's workspace namespaces; nil when Berth is not root
 	masks     []string
 	dataDir   string
 	grace     time.Duration
@@ -51,7 +53,7 @@ func newLocal(cfg Config, opts Options) (*local, error) {
 	}
 	d := &local{env: env, grace: opts.Grace, home: opts.Home, path: opts.Path, probeDir: opts.ProbeDir,
 		drainWait: drainWait, jail: opts.Jail, contained: cfg.Containment != ContainmentNone,
-		masks: append(slices.Clone(opts.Masks), cfg.Masks...), dataDir: opts.DataDir}
+		masks: append(slices.Clone(opts.Masks), cfg.Masks...), dataDir: opts.DataDir, networks: opts.Networks}
 	if d.grace <= 0 {
 		d.grace = DefaultGrace
 	}
@@ -98,18 +100,18 @@ func (d *local) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("exec: %w", err)
 	}
-	cmd, done, err := d.command(req, env)
+	cmd, start, done, err := d.command(req, env)
 	if err != nil {
 		return res, fmt.Errorf("exec: %w", err)
 	}
 	defer done()
-	return runCommand(ctx, cmd, req, d.grace, d.drainWait, d.contained)
+	return runCommand(ctx, cmd, start, req, d.grace, d.drainWait, d.contained)
 }
 
-// command is the process of one Exec: the jail of the local profile (docs/security.md), or for an
-// uncontained environment /bin/sh itself. done releases what starting needed (the jail's data
-// pipes).
-func (d *local) command(req ExecRequest, env []string) (*exec.Cmd, func(), error) {
+// command is the process of one Exec: the jail of the local profile (docs/security.md), in the
+// workspace's network namespace (req.Network), or for an uncontained environment /bin/sh itself.
+// start starts it; done releases what starting needed (the jail's data pipes, the namespace).
+func (d *local) command(req ExecRequest, env []string) (cmd *exec.Cmd, start func() error, done func(), err error) {
 	if !d.contained {
 		cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", req.Command}, Dir: req.Dir, Env: env,
 			// Setsid gives a new session and process group (pgid = pid). Pdeathsig only takes the
@@ -117,10 +119,10 @@ func (d *local) command(req ExecRequest, env []string) (*exec.Cmd, func(), error
 			// when the forking thread ends, so Berth must not end threads: no LockOSThread
 			// without Unlock.)
 			SysProcAttr: &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}}
-		return cmd, func() {}, nil
+		return cmd, cmd.Start, func() {}, nil
 	}
 	if d.jail == nil {
-		return nil, nil, fmt.Errorf("%s: %w", jail.Fix, ErrDriverUnavailable)
+		return nil, nil, nil, fmt.Errorf("%s: %w", jail.Fix, ErrDriverUnavailable)
 	}
 	vars := envMap(env)
 	maps.Copy(vars, req.Git.Env)
@@ -133,12 +135,20 @@ func (d *local) command(req ExecRequest, env []string) (*exec.Cmd, func(), error
 	if home == "" {
 		delete(spec.Env, "HOME") // the jail's private /tmp
 	}
-	return startJail(*d.jail, spec, d.dataDir, req.Git.Store)
+	n, err := jailNet(d.networks, req.Network, true)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cmd, start, done, err = startJail(*d.jail, spec, d.dataDir, req.Git.Store, n)
+	if err != nil {
+		n.release()
+	}
+	return cmd, start, done, err
 }
 
 // runCommand starts cmd with its output on one pipe to req.Log and waits for its end, a timeout or
 // ctx, then stops what is left of its group and its tag (see Exec).
-func runCommand(ctx context.Context, cmd *exec.Cmd, req ExecRequest, grace, drainWait time.Duration, jailed bool) (ExecResult, error) {
+func runCommand(ctx context.Context, cmd *exec.Cmd, start func() error, req ExecRequest, grace, drainWait time.Duration, jailed bool) (ExecResult, error) {
 	res := ExecResult{ExitCode: -1}
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -147,7 +157,7 @@ func runCommand(ctx context.Context, cmd *exec.Cmd, req ExecRequest, grace, drai
 	defer pr.Close()
 	cmd.Stdout, cmd.Stderr = pw, pw // an *os.File: the child gets the fd itself, Wait copies nothing
 	started := time.Now()
-	err = cmd.Start()
+	err = start()
 	pw.Close()
 	if err != nil {
 		return res, fmt.Errorf("exec: start: %w", err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"berth/environment/jail"
+	"berth/environment/netns"
 )
 
 // sandbox runs every command in the jail's sandbox profile (docs/security.md): an explicit
@@ -25,7 +26,8 @@ type sandbox struct {
 	cfg       SandboxConfig
 	env       map[string]string
 	jail      *jail.Host
-	image     string // host directory of the active image layer
+	networks  *netns.Networks // this node's workspace namespaces (network on); nil when Berth is not root
+	image     string          // host directory of the active image layer
 	dataDir   string
 	probeDir  string
 	grace     time.Duration
@@ -41,7 +43,7 @@ func newSandbox(cfg Config, opts Options) (*sandbox, error) {
 		return nil, fmt.Errorf("new sandbox driver: the image layer must be an absolute path: %w", ErrInvalidRequest)
 	}
 	d := &sandbox{onHost: newOnHost(DriverSandbox, opts.NodeID), cfg: cfg.Sandbox, env: env, jail: opts.Jail,
-		image: filepath.Clean(opts.ImageDir), dataDir: opts.DataDir, probeDir: opts.ProbeDir, grace: opts.Grace,
+		image: filepath.Clean(opts.ImageDir), dataDir: opts.DataDir, probeDir: opts.ProbeDir, grace: opts.Grace, networks: opts.Networks,
 		drainWait: drainWait}
 	if d.grace <= 0 {
 		d.grace = DefaultGrace
@@ -84,17 +86,22 @@ func (d *sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	vars := envMap(env)
 	delete(vars, "PATH") // the profile's: /opt/image/bin first
 	spec := jail.Spec{Profile: jail.Sandbox, Bwrap: d.jail.Bwrap, Prlimit: d.jail.Prlimit, Workspace: req.Dir,
-		Image: d.image, Network: d.cfg.Network, Env: vars, Command: req.Command,
+		Image: d.image, Env: vars, Command: req.Command,
 		Limits: jail.Limits{MemoryMB: d.cfg.MemoryMB, PidsMax: d.cfg.PidsMax}}
-	cmd, done, err := startJail(*d.jail, spec, d.dataDir, "")
+	n, err := jailNet(d.networks, req.Network, d.cfg.Network)
 	if err != nil {
+		return res, fmt.Errorf("exec: %w", err)
+	}
+	cmd, start, done, err := startJail(*d.jail, spec, d.dataDir, "", n)
+	if err != nil {
+		n.release()
 		return res, fmt.Errorf("exec: %w", err)
 	}
 	defer done()
 	if limit := time.Duration(d.cfg.TimeoutS) * time.Second; limit > 0 && (req.Timeout == 0 || req.Timeout > limit) {
 		req.Timeout = limit
 	}
-	return runCommand(ctx, cmd, req, d.grace, d.drainWait, true)
+	return runCommand(ctx, cmd, start, req, d.grace, d.drainWait, true)
 }
 
 // maxImageEnv caps the image's env file.
@@ -160,10 +167,10 @@ func (d *sandbox) Probe(ctx context.Context) (ProbeResult, error) {
 		switch {
 		case err != nil:
 			c.Detail = "the sandbox did not start: " + err.Error()
-		case res.ExitCode != 0 || out.String() != fmt.Sprintf("berth-probe\n%d\n", jail.SandboxUID):
+		case res.ExitCode != 0 || out.String() != fmt.Sprintf("berth-probe\n%d\n", d.jail.SandboxUser().UID):
 			c.Detail = fmt.Sprintf("the sandbox did not run a test command (exit %d)", res.ExitCode)
 		default:
-			c.Status, c.Detail = CheckPass, fmt.Sprintf("commands run in a bubblewrap sandbox as uid %d", jail.SandboxUID)
+			c.Status, c.Detail = CheckPass, fmt.Sprintf("commands run in a bubblewrap sandbox as uid %d", d.jail.SandboxUser().UID)
 		}
 	}
 	network := "off"

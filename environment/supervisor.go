@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"berth/environment/jail"
+	"berth/environment/netns"
 )
 
 // Runtime services (docs/previews.md): long-running dev and preview servers Berth starts for an
@@ -56,6 +57,9 @@ type Placement struct {
 	Within string
 	// Env is the base environment (PATH, LANG, the environment's configured variables).
 	Env map[string]string
+	// Networks are this node's workspace namespaces: a service joins its workspace's (nil: the
+	// host's network, when Berth is not root).
+	Networks *netns.Networks
 }
 
 // ServicePlacement is where services of an environment run: the local profile (the workspace at
@@ -88,7 +92,7 @@ func ServicePlacement(cfg Config, opts Options, home string) (Placement, error) 
 		if opts.Jail == nil {
 			return Placement{}, fmt.Errorf("service placement: %s: %w", jail.Fix, ErrDriverUnavailable)
 		}
-		return Placement{Contained: true, Host: *opts.Jail, Within: opts.DataDir, Env: base,
+		return Placement{Contained: true, Host: *opts.Jail, Within: opts.DataDir, Env: base, Networks: opts.Networks,
 			Spec: jail.Spec{Profile: jail.Local, Bwrap: opts.Jail.Bwrap, Home: home,
 				Masks: append(append([]string{}, opts.Masks...), cfg.Masks...)}}, nil
 	case DriverSandbox:
@@ -104,7 +108,7 @@ func ServicePlacement(cfg Config, opts Options, home string) (Placement, error) 
 		}
 		maps.Copy(base, imageEnv)
 		maps.Copy(base, env)
-		return Placement{Contained: true, Host: *opts.Jail, Within: opts.DataDir, Env: base,
+		return Placement{Contained: true, Host: *opts.Jail, Within: opts.DataDir, Env: base, Networks: opts.Networks,
 			Spec: jail.Spec{Profile: jail.Sandbox, Bwrap: opts.Jail.Bwrap, Prlimit: opts.Jail.Prlimit, Image: opts.ImageDir,
 				Network: true, Limits: jail.Limits{MemoryMB: cfg.Sandbox.MemoryMB, PidsMax: cfg.Sandbox.PidsMax}}}, nil
 	}
@@ -137,6 +141,16 @@ type Process struct {
 	Port      int
 	done      chan struct{}
 	exitCode  int
+	dial      Dialer // the service's network; nil: the host's
+}
+
+// Dial connects to addr in the service's own network (its workspace's namespace), or the host's
+// when it has none.
+func (p *Process) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if p.dial != nil {
+		return p.dial(ctx, network, addr)
+	}
+	return (&net.Dialer{}).DialContext(ctx, network, addr)
 }
 
 // Done is closed when the service's first process has exited (its jail is then gone).
@@ -199,7 +213,7 @@ func (s *Supervisor) Start(ctx context.Context, spec ServiceSpec) (*Process, err
 	if err := StopService(ctx, spec.ID, 0, 0, s.grace()); err != nil {
 		return nil, fmt.Errorf("start service: stop the earlier process: %w", err)
 	}
-	cmd, done, err := s.command(spec)
+	cmd, start, dial, done, err := s.command(spec)
 	if err != nil {
 		return nil, fmt.Errorf("start service: %w", err)
 	}
@@ -211,13 +225,14 @@ func (s *Supervisor) Start(ctx context.Context, spec ServiceSpec) (*Process, err
 	_ = logf.Chmod(0o600)
 	fmt.Fprintf(logf, "--- berth: starting service on port %d at %s\n", spec.Port, time.Now().UTC().Format(time.RFC3339))
 	cmd.Stdout, cmd.Stderr = logf, logf
-	err = cmd.Start()
+	err = start()
 	logf.Close()
 	if err != nil {
 		done()
 		return nil, fmt.Errorf("start service: %w", err)
 	}
-	p := &Process{ID: spec.ID, PID: cmd.Process.Pid, PGID: cmd.Process.Pid, Port: spec.Port, done: make(chan struct{}), exitCode: -1}
+	p := &Process{ID: spec.ID, PID: cmd.Process.Pid, PGID: cmd.Process.Pid, Port: spec.Port, done: make(chan struct{}), exitCode: -1,
+		dial: dial}
 	p.StartTime, _ = ProcessStartTime(p.PID)
 	go func() {
 		werr := cmd.Wait()
@@ -235,15 +250,16 @@ func (s *Supervisor) Start(ctx context.Context, spec ServiceSpec) (*Process, err
 	s.procs[spec.ID] = p
 	s.mu.Unlock()
 
-	if err := WaitHealthy(ctx, p.done, spec.Port, spec.HealthPath, spec.ReadyTimeout); err != nil {
+	if err := WaitHealthy(ctx, p.done, p.Dial, spec.Port, spec.HealthPath, spec.ReadyTimeout); err != nil {
 		stopErr := s.Stop(context.WithoutCancel(ctx), spec.ID)
 		return p, errors.Join(fmt.Errorf("start service: %w", err), stopErr)
 	}
 	return p, nil
 }
 
-// command builds the service's process: its jail, or /bin/sh on the host when uncontained.
-func (s *Supervisor) command(spec ServiceSpec) (*exec.Cmd, func(), error) {
+// command builds the service's process: its jail in its workspace's network namespace, or
+// /bin/sh on the host when uncontained. dial reaches the service's own network (nil: the host's).
+func (s *Supervisor) command(spec ServiceSpec) (cmd *exec.Cmd, start func() error, dial Dialer, done func(), err error) {
 	portEnv := spec.PortEnv
 	if portEnv == "" {
 		portEnv = "PORT"
@@ -268,16 +284,28 @@ func (s *Supervisor) command(spec ServiceSpec) (*exec.Cmd, func(), error) {
 		}
 		cmd := &exec.Cmd{Path: "/bin/sh", Args: []string{"sh", "-c", spec.Command}, Dir: spec.Root, Env: env,
 			SysProcAttr: &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}}
-		return cmd, func() {}, nil
+		return cmd, cmd.Start, nil, func() {}, nil
 	}
 	js := pl.Spec
 	js.Workspace, js.Command, js.Env = spec.Root, spec.Command, vars
 	if js.Home != "" {
 		if err := os.MkdirAll(js.Home, 0o700); err != nil {
-			return nil, nil, fmt.Errorf("service home: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("service home: %w", err)
 		}
 	}
-	return startJail(pl.Host, js, pl.Within, "")
+	n, err := jailNet(pl.Networks, spec.WorkspaceID, true)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if n.ns != nil {
+		dial = n.ns.Dial
+	}
+	cmd, start, done, err = startJail(pl.Host, js, pl.Within, "", n)
+	if err != nil {
+		n.release()
+		return nil, nil, nil, nil, err
+	}
+	return cmd, start, dial, done, nil
 }
 
 // Stop stops service id's processes: the one this supervisor started and anything else tagged
@@ -301,9 +329,10 @@ func (s *Supervisor) Stop(ctx context.Context, id string) error {
 	return err
 }
 
-// WaitHealthy polls http://127.0.0.1:port+path until it answers with a status below 500
-// (ErrServiceNotReady after timeout, ErrServiceExited as soon as exited is closed).
-func WaitHealthy(ctx context.Context, exited <-chan struct{}, port int, path string, timeout time.Duration) error {
+// WaitHealthy polls http://127.0.0.1:port+path (through dial: the service's own network, nil for
+// the host's) until it answers with a status below 500 (ErrServiceNotReady after timeout,
+// ErrServiceExited as soon as exited is closed).
+func WaitHealthy(ctx context.Context, exited <-chan struct{}, dial Dialer, port int, path string, timeout time.Duration) error {
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
@@ -315,7 +344,7 @@ func WaitHealthy(ctx context.Context, exited <-chan struct{}, port int, path str
 			return ErrServiceExited
 		default:
 		}
-		if CheckHealth(ctx, port, path) == nil {
+		if CheckHealth(ctx, dial, port, path) == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -332,17 +361,28 @@ func WaitHealthy(ctx context.Context, exited <-chan struct{}, port int, path str
 	}
 }
 
-// healthClient never follows redirects: a 3xx is an answer.
-var healthClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+// Dialer connects to an address in a service's network (netns.Namespace.Dial).
+type Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 
-// CheckHealth sends one GET to the service as the proxy would (Host 127.0.0.1:port) and reports
-// whether it answered below 500 within a second.
-func CheckHealth(ctx context.Context, port int, path string) error {
+// healthClient never follows redirects: a 3xx is an answer. Its transport dials through the
+// Dialer the request's context carries (the service's own network), else the host's.
+var healthClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if d, ok := ctx.Value(dialerKey{}).(Dialer); ok && d != nil {
+			return d(ctx, network, addr)
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}}
+
+type dialerKey struct{}
+
+// CheckHealth sends one GET to the service as the proxy would (Host 127.0.0.1:port), through dial
+// (nil: the host's network), and reports whether it answered below 500 within a second.
+func CheckHealth(ctx context.Context, dial Dialer, port int, path string) error {
 	if path == "" {
 		path = "/"
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	ctx, cancel := context.WithTimeout(context.WithValue(ctx, dialerKey{}, dial), time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
 	if err != nil {

@@ -1,7 +1,9 @@
 package handlers
 
 import (
+	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -59,7 +61,25 @@ type previewProxy struct {
 
 func newPreviewProxy(s *Server) *previewProxy {
 	return &previewProxy{s: s, touched: map[string]time.Time{}, grants: map[string]previewGrant{}, transport: &http.Transport{Proxy: nil,
-		MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: false}}
+		MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: false,
+		DialContext: s.dialPreview}}
+}
+
+// previewWorkspace carries a proxied request's execution workspace to the transport's dial: a
+// service listens in its workspace's network namespace, reached through Deps.DialService. The
+// idle pool is keyed by the target, so each workspace's connections stay its own.
+type previewWorkspace struct{}
+
+// dialPreview dials a service's port in its workspace's network (Deps.DialService), or on the
+// host when there is no such dialer.
+func (s *Server) dialPreview(ctx context.Context, network, addr string) (net.Conn, error) {
+	ws, _ := ctx.Value(previewWorkspace{}).(string)
+	_, portText, err := net.SplitHostPort(addr)
+	port, perr := strconv.Atoi(portText)
+	if s.dialService == nil || ws == "" || err != nil || perr != nil {
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	return s.dialService(ctx, ws, port)
 }
 
 func (pv *previewProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -108,6 +128,7 @@ func (pv *previewProxy) serve(w http.ResponseWriter, r *http.Request) error {
 	pv.touch(r, svc.ID)
 
 	target := &url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(svc.Port)}
+	r = r.WithContext(context.WithValue(r.Context(), previewWorkspace{}, svc.ExecutionWorkspaceID))
 	proto := "http"
 	if s.secure() {
 		proto = "https"

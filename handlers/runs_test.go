@@ -17,6 +17,7 @@ import (
 	"berth/environment"
 	"berth/environment/jail"
 	"berth/environment/jail/jailtest"
+	"berth/environment/netns"
 	"berth/jobs"
 	"berth/workspace"
 )
@@ -46,7 +47,7 @@ func setupRunsWorkers(t testing.TB, workers func(*jobs.Deps), opts ...func(*Deps
 		t.Fatal(err)
 	}
 	e := setup(t, append([]func(*Deps){func(d *Deps) {
-		mgr, err := workspace.NewManager(dataDir, workspace.Options{})
+		mgr, err := workspace.NewManager(dataDir, workspace.Options{Jail: &host})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,12 +58,20 @@ func setupRunsWorkers(t testing.TB, workers func(*jobs.Deps), opts ...func(*Deps
 		jd := jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
 			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir}
+		if netns.Available() { // every workspace's jails in a network namespace, as cmd/berth does as root
+			nets, err := netns.NewNetworks(netns.Serve(nil, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nets.Close)
+			jd.Networks = nets
+		}
 		if workers != nil {
 			workers(&jd)
 		}
 		jd.Services = jobs.NewServices(jd) // shared with the preview proxy, as cmd/berth does
 		t.Cleanup(jd.Services.Close)
-		d.LocalServices = jd.Services
+		d.LocalServices, d.DialService = jd.Services, jd.Services.DialService
 		client, err := jobs.NewClient(jd, jobs.ClientOptions{Work: true, MaxWorkers: 4})
 		if err != nil {
 			t.Fatal(err)
@@ -491,7 +500,7 @@ func (re *runEnv) useSandbox(cfg environment.SandboxConfig) string {
 	return env.ID
 }
 
-// TestRunSandboxLowTrust: a low-trust task runs in the sandbox (uid 1000, /workspace, no data
+// TestRunSandboxLowTrust: a low-trust task runs in the sandbox (the sandbox user, /workspace, no data
 // dir, no network), and finalize commits what it wrote on the task branch.
 func TestRunSandboxLowTrust(t *testing.T) {
 	t.Parallel()
@@ -512,7 +521,8 @@ func TestRunSandboxLowTrust(t *testing.T) {
 	if fin, _ := re.settled(run); fin != "settled" {
 		t.Fatalf("finalize = %q", fin)
 	}
-	if got := gitOut(t, re.repo, "show", "berth/PRJ-1:who.txt"); got != "1000\n/workspace" {
+	host, _ := jail.Detect(context.Background())
+	if got, want := gitOut(t, re.repo, "show", "berth/PRJ-1:who.txt"), fmt.Sprintf("%d\n/workspace", host.SandboxUser().UID); got != want {
 		t.Fatalf("who.txt on the task branch = %q", got)
 	}
 }

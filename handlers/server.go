@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -69,6 +70,10 @@ type Deps struct {
 	// Nodes is this node's place among the others (nodes.go): previews and terminals owned by
 	// another node are forwarded to its internal listener; nil means a single node.
 	Nodes *Nodes
+	// DialService reaches port in an execution workspace's network on this node (its services
+	// listen in the workspace's namespace, not on the host: jobs.Services.DialService); nil dials
+	// 127.0.0.1:port on the host.
+	DialService func(ctx context.Context, workspaceID string, port int) (net.Conn, error)
 }
 
 // Server holds the dependencies every handler uses.
@@ -90,6 +95,7 @@ type Server struct {
 	stopUI      context.CancelFunc
 	imageSetup  *ImageSetup
 	local       LocalServices // this node's running services (preview_cache.go)
+	dialService func(ctx context.Context, workspaceID string, port int) (net.Conn, error)
 	previews    *previewCache // credentials and service rows of /preview/ requests
 	prober      *db.Prober    // /api/health's own connection (dbavail.go)
 	nodes       *Nodes        // nodes.go, internal.go
@@ -124,6 +130,7 @@ func New(d Deps) (*Server, error) {
 		imageSetup:  d.ImageSetup,
 		events:      d.Events,
 		local:       d.LocalServices,
+		dialService: d.DialService,
 		previews:    newPreviewCache(),
 		nodes:       d.Nodes,
 	}

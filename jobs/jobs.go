@@ -17,6 +17,7 @@ import (
 
 	"berth/db"
 	"berth/environment/jail"
+	"berth/environment/netns"
 	"berth/workspace"
 )
 
@@ -44,6 +45,10 @@ type Deps struct {
 	// jailed command.
 	DataDir string
 	Masks   []string
+	// Networks are this node's workspace network namespaces (environment/netns): every jail of a
+	// workspace joins its workspace's, with Berth's API and egress proxy on its loopback. Nil when
+	// Berth is not root (jails then have the host's network).
+	Networks *netns.Networks
 	// Executing is this process's registry of the runs it executes, its River client id and its
 	// claim on NodeID (jobs/executing.go); NewClient makes one when it is nil. Pass the same one
 	// to SweepOrphans.

@@ -115,7 +115,7 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 			return nil, fmt.Errorf("run environment: its secrets are unreadable")
 		}
 	}
-	opts := environment.Options{NodeID: w.deps.NodeID, Secrets: sec, Jail: w.deps.Jail, DataDir: w.deps.DataDir,
+	opts := environment.Options{NodeID: w.deps.NodeID, Secrets: sec, Jail: w.deps.Jail, DataDir: w.deps.DataDir, Networks: w.deps.Networks,
 		Masks: w.deps.Masks}
 	if w.deps.DataDir != "" {
 		opts.Masks = append([]string{w.deps.DataDir}, opts.Masks...)
@@ -147,10 +147,12 @@ func (w runWorker) imageLayer(ctx context.Context, env db.Environment) (string, 
 	return filepath.Join(w.deps.DataDir, "images", env.ID, strconv.Itoa(v.Number)), nil
 }
 
-// inJail completes a command for workspace ws with what its jail needs: a private HOME per
-// workspace (outside its tree, kept between runs) and, for a git worktree, the private git store
-// its commits go to until finalize brings them home (workspace.RunGit).
+// inJail completes a command for workspace ws with what its jail needs: the workspace's network
+// namespace (shared with its services), a private HOME per workspace (outside its tree, kept
+// between runs) and, for a git worktree, the private git store its commits go to until finalize
+// brings them home (workspace.RunGit).
 func (w runWorker) inJail(ctx context.Context, ws db.ExecutionWorkspace, req environment.ExecRequest) (environment.ExecRequest, error) {
+	req.Network = ws.ID
 	if w.deps.HomeDir != "" {
 		req.Home = filepath.Join(w.deps.HomeDir, ws.Ref)
 		if err := os.MkdirAll(req.Home, 0o700); err != nil {

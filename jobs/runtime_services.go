@@ -441,7 +441,7 @@ func servicePlacement(ctx context.Context, d Deps, env db.Environment, home stri
 			return environment.Placement{}, errors.New("the environment's secrets do not open with this server's key")
 		}
 	}
-	opts := environment.Options{NodeID: d.NodeID, Secrets: sec, Jail: d.Jail, DataDir: d.DataDir, Masks: d.Masks}
+	opts := environment.Options{NodeID: d.NodeID, Secrets: sec, Jail: d.Jail, DataDir: d.DataDir, Masks: d.Masks, Networks: d.Networks}
 	if d.DataDir != "" {
 		opts.Masks = append([]string{d.DataDir}, opts.Masks...)
 	}

@@ -38,7 +38,7 @@ func (s sweeper) sweepServices(ctx context.Context, startup bool) error {
 		}
 		if svc.Live() {
 			if svc.Status == db.ServiceRunning && environment.ServiceAlive(svc.ID, svc.PID, svc.ProcessStart) &&
-				environment.CheckHealth(ctx, svc.Port, "/") == nil {
+				environment.CheckHealth(ctx, nil, svc.Port, "/") == nil { // a jailed one's network died with its supervisor
 				live[svc.ID] = true
 				continue
 			}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"berth/db"
 	"berth/environment/jail"
+	"berth/environment/netns"
 	"berth/handlers"
 	"berth/jobs"
 	"berth/static"
@@ -73,7 +75,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{CopyMaxBytes: c.CopyMaxBytes, CopyMaxFiles: c.CopyMaxFiles})
+	deps0, err := jailDeps(ctx, log, c.DataDir)
+	if err != nil {
+		return err
+	}
+	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{CopyMaxBytes: c.CopyMaxBytes, CopyMaxFiles: c.CopyMaxFiles, Jail: deps0.Jail})
 	if err != nil {
 		return err
 	}
@@ -89,21 +95,27 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	deps0, err := jailDeps(ctx, log, c.DataDir)
-	if err != nil {
-		return err
-	}
 	metrics := handlers.NewMetrics() // this process's /metrics registry; the workers observe run admission
 	executing := jobs.NewExecuting(node)
 	defer executing.Close()
-	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node,
+	// Every workspace's jails get a network namespace of their own when Berth is root
+	// (environment/netns): Berth's API bridged to its loopback, nothing of the host's.
+	networks, err := jailNetworks(deps0.Jail, c.BaseURL)
+	if err != nil {
+		return err
+	}
+	if networks != nil {
+		defer networks.Close()
+	}
+	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node, Networks: networks,
 		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing,
 		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks, Admission: metrics.RunAdmission}
 	var local handlers.LocalServices // the preview proxy trusts this node's supervisor (handlers/preview_cache.go)
+	var dialService func(context.Context, string, int) (net.Conn, error)
 	if c.Workers {
 		deps.Services = jobs.NewServices(deps)
 		defer deps.Services.Close()
-		local = deps.Services
+		local, dialService = deps.Services, deps.Services.DialService
 	}
 	client, err := jobs.NewClient(deps, jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
 	if err != nil {
@@ -151,7 +163,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 
 	if !web {
 		if err := node0.serveWorker(handlers.Deps{Pool: d.Pool, Jobs: client, Secrets: sealer, Workspaces: mgr, Log: log,
-			BaseURL: c.BaseURL, Version: version, Metrics: metrics, LocalServices: local}); err != nil {
+			BaseURL: c.BaseURL, Version: version, Metrics: metrics, LocalServices: local, DialService: dialService}); err != nil {
 			return err
 		}
 		log.Info("worker running", "startup_ms", time.Since(started).Milliseconds())
@@ -179,7 +191,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	go func() { _ = listener.Run(ctx) }()
 	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
 		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events,
-		Nodes: node0.handlerNodes()})
+		Nodes: node0.handlerNodes(), DialService: dialService})
 	if err != nil {
 		return err
 	}
@@ -273,6 +285,19 @@ func sourceRoots(getenv func(string) string) []string {
 		}
 	}
 	return roots
+}
+
+// jailNetworks is this node's workspace network namespaces, when it has a jail and is root (nil
+// otherwise: jails then keep the host's network, docs/network.md).
+func jailNetworks(h *jail.Host, api *url.URL) (*netns.Networks, error) {
+	if h == nil || !netns.Available() {
+		return nil, nil
+	}
+	n, err := netns.NewNetworks(netns.Serve(api, nil))
+	if err != nil {
+		return nil, fmt.Errorf("network namespaces: %w", err)
+	}
+	return n, nil
 }
 
 // jailDeps finds this host's jail (bubblewrap, and the berth-run user when Berth is root) and
