@@ -479,3 +479,22 @@ func OrphanCandidates(ctx context.Context, q Querier, o OrphanQuery) ([]OrphanCa
 		return c, nil
 	})
 }
+
+// SetRunEgress stores what a run reached and was refused through the egress proxy (a JSON
+// document written once the run's command ended).
+func SetRunEgress(ctx context.Context, q Querier, runID string, doc []byte) error {
+	if _, err := q.Exec(ctx, `UPDATE runs SET egress = $2 WHERE id = $1`, runID, doc); err != nil {
+		return fmt.Errorf("set run egress: %w", err)
+	}
+	return nil
+}
+
+// RunEgress is the egress document of a company's run (nil when it recorded none).
+func RunEgress(ctx context.Context, q Querier, companyID, runID string) ([]byte, error) {
+	var doc []byte
+	err := q.QueryRow(ctx, `SELECT egress FROM runs WHERE company_id = $1 AND id = $2`, companyID, runID).Scan(&doc)
+	if err != nil {
+		return nil, notFound(err)
+	}
+	return doc, nil
+}

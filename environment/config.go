@@ -60,6 +60,9 @@ type Config struct {
 	// MaxParallelRuns is the environment's capacity: how many runs may hold a lease on it at once
 	// (0: no bound beyond the workers). Runs past it wait in the queue (jobs/provision.go).
 	MaxParallelRuns int
+	// Egress is what the jails may reach through the egress proxy (local and sandbox drivers;
+	// DefaultEgress when unset).
+	Egress EgressConfig
 }
 
 // SSHConfig is where and as whom the ssh driver connects. HostKey is the pinned public key in
@@ -84,11 +87,13 @@ type SandboxConfig struct {
 }
 
 // EnvVar is one variable added to every command's environment. Value is empty when Secret is
-// set: the value is sealed with the other secrets.
+// set: the value is sealed with the other secrets. A secret with Inject is not a variable at all:
+// the egress proxy adds it to requests for its hosts, and the jail never sees it.
 type EnvVar struct {
 	Name   string
 	Value  string
 	Secret bool
+	Inject *Inject
 }
 
 // Secrets are an environment's secret values, sealed at rest as one JSON object and never
@@ -122,9 +127,9 @@ func allowedKeys(driver string) []string {
 	case DriverSSH:
 		return []string{"host", "port", "user", "private_key", "host_key", "base_dir", "env", "max_parallel_runs"}
 	case DriverLocal:
-		return []string{"containment", "mask", "env", "max_parallel_runs"}
+		return []string{"containment", "mask", "env", "max_parallel_runs", "egress"}
 	case DriverSandbox:
-		return []string{"network", "setup_network", "memory_mb", "cpus", "pids_max", "timeout_s", "env", "max_parallel_runs"}
+		return []string{"network", "setup_network", "memory_mb", "cpus", "pids_max", "timeout_s", "env", "max_parallel_runs", "egress"}
 	default:
 		return []string{"env", "max_parallel_runs"}
 	}

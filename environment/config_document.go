@@ -8,9 +8,10 @@ import (
 
 // envDoc is an env entry as stored: a secret's value is absent.
 type envDoc struct {
-	Name   string `json:"name"`
-	Value  string `json:"value,omitempty"`
-	Secret bool   `json:"secret"`
+	Name   string     `json:"name"`
+	Value  string     `json:"value,omitempty"`
+	Secret bool       `json:"secret"`
+	Inject *injectDoc `json:"inject,omitempty"`
 }
 
 // setMarker stands in for a secret value in what Berth returns.
@@ -20,16 +21,18 @@ type setMarker struct {
 
 // redactedEnv is an env entry as returned: a secret's value is {"set": true}.
 type redactedEnv struct {
-	Name   string `json:"name"`
-	Secret bool   `json:"secret"`
-	Value  any    `json:"value"`
+	Name   string     `json:"name"`
+	Secret bool       `json:"secret"`
+	Value  any        `json:"value"`
+	Inject *injectDoc `json:"inject,omitempty"`
 }
 
 type localDoc struct {
-	Containment     string   `json:"containment,omitempty"`
-	Mask            []string `json:"mask,omitempty"`
-	Env             []envDoc `json:"env"`
-	MaxParallelRuns int      `json:"max_parallel_runs,omitempty"`
+	Containment     string     `json:"containment,omitempty"`
+	Mask            []string   `json:"mask,omitempty"`
+	Env             []envDoc   `json:"env"`
+	MaxParallelRuns int        `json:"max_parallel_runs,omitempty"`
+	Egress          *egressDoc `json:"egress,omitempty"`
 }
 
 type sshDoc struct {
@@ -44,21 +47,22 @@ type sshDoc struct {
 }
 
 type sandboxDoc struct {
-	Network         bool     `json:"network"`
-	SetupNetwork    bool     `json:"setup_network"`
-	MemoryMB        int      `json:"memory_mb"`
-	CPUs            float64  `json:"cpus"`
-	PidsMax         int      `json:"pids_max"`
-	TimeoutS        int      `json:"timeout_s"`
-	Env             []envDoc `json:"env"`
-	MaxParallelRuns int      `json:"max_parallel_runs,omitempty"`
+	Network         bool       `json:"network"`
+	SetupNetwork    bool       `json:"setup_network"`
+	MemoryMB        int        `json:"memory_mb"`
+	CPUs            float64    `json:"cpus"`
+	PidsMax         int        `json:"pids_max"`
+	TimeoutS        int        `json:"timeout_s"`
+	Env             []envDoc   `json:"env"`
+	MaxParallelRuns int        `json:"max_parallel_runs,omitempty"`
+	Egress          *egressDoc `json:"egress,omitempty"`
 }
 
 // doc is the stored shape of c for its driver.
 func (c Config) doc() any {
 	env := make([]envDoc, 0, len(c.Env))
 	for _, v := range c.Env {
-		env = append(env, envDoc(v))
+		env = append(env, envDoc{Name: v.Name, Value: v.Value, Secret: v.Secret, Inject: v.Inject.doc()})
 	}
 	switch c.Driver {
 	case DriverSSH:
@@ -67,9 +71,10 @@ func (c Config) doc() any {
 	case DriverSandbox:
 		s := c.Sandbox
 		return sandboxDoc{Network: s.Network, SetupNetwork: s.SetupNetwork, MemoryMB: s.MemoryMB, CPUs: s.CPUs,
-			PidsMax: s.PidsMax, TimeoutS: s.TimeoutS, Env: env, MaxParallelRuns: c.MaxParallelRuns}
+			PidsMax: s.PidsMax, TimeoutS: s.TimeoutS, Env: env, MaxParallelRuns: c.MaxParallelRuns,
+			Egress: c.Egress.doc(DriverSandbox, s.Network)}
 	default:
-		d := localDoc{Mask: c.Masks, Env: env, MaxParallelRuns: c.MaxParallelRuns}
+		d := localDoc{Mask: c.Masks, Env: env, MaxParallelRuns: c.MaxParallelRuns, Egress: c.Egress.doc(DriverLocal, true)}
 		if c.Containment == ContainmentNone {
 			d.Containment = ContainmentNone // "jail" is the default and not stored
 		}
@@ -94,7 +99,7 @@ func (c Config) Redacted() map[string]any {
 	_ = json.Unmarshal(b, &out)
 	env := make([]redactedEnv, 0, len(c.Env))
 	for _, v := range c.Env {
-		e := redactedEnv{Name: v.Name, Secret: v.Secret, Value: v.Value}
+		e := redactedEnv{Name: v.Name, Secret: v.Secret, Value: v.Value, Inject: v.Inject.doc()}
 		if v.Secret {
 			e.Value = setMarker{Set: true}
 		}
@@ -117,6 +122,7 @@ func Load(driver string, doc []byte) (Config, error) {
 		var d localDoc
 		err = strictUnmarshal(doc, &d)
 		env, c.Masks, c.Containment, c.MaxParallelRuns = d.Env, d.Mask, ContainmentJail, d.MaxParallelRuns
+		c.Egress = d.Egress.config(DriverLocal, true)
 		if d.Containment == ContainmentNone {
 			c.Containment = ContainmentNone
 		}
@@ -131,6 +137,7 @@ func Load(driver string, doc []byte) (Config, error) {
 		c.Sandbox = SandboxConfig{Network: d.Network, SetupNetwork: d.SetupNetwork, MemoryMB: d.MemoryMB,
 			CPUs: d.CPUs, PidsMax: d.PidsMax, TimeoutS: d.TimeoutS}
 		env, c.MaxParallelRuns = d.Env, d.MaxParallelRuns
+		c.Egress = d.Egress.config(DriverSandbox, d.Network)
 	default:
 		err = fmt.Errorf("unknown driver %q", driver)
 	}
@@ -139,7 +146,7 @@ func Load(driver string, doc []byte) (Config, error) {
 	}
 	c.Env = make([]EnvVar, 0, len(env))
 	for _, e := range env {
-		c.Env = append(c.Env, EnvVar(e))
+		c.Env = append(c.Env, EnvVar{Name: e.Name, Value: e.Value, Secret: e.Secret, Inject: e.Inject.inject()})
 	}
 	return c, nil
 }
@@ -148,4 +155,18 @@ func strictUnmarshal(b []byte, dst any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	return dec.Decode(dst)
+}
+
+func (in *Inject) doc() *injectDoc {
+	if in == nil {
+		return nil
+	}
+	return &injectDoc{Hosts: in.Hosts, Header: in.Header, Format: in.Format}
+}
+
+func (d *injectDoc) inject() *Inject {
+	if d == nil {
+		return nil
+	}
+	return &Inject{Hosts: d.Hosts, Header: d.Header, Format: d.Format}
 }

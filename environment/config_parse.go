@@ -46,12 +46,21 @@ func Parse(driver string, raw []byte, stored *Secrets) (Config, Secrets, FieldEr
 	switch driver {
 	case DriverLocal:
 		c.Containment, c.Masks = p.containment()
+		c.Egress = p.egress(driver, true)
 	case DriverSSH:
 		c.SSH, sec.PrivateKey = p.ssh(stored)
 	case DriverSandbox:
 		c.Sandbox = p.sandbox()
+		c.Egress = p.egress(driver, c.Sandbox.Network)
 	}
 	c.Env, sec.Env = p.env(stored)
+	if driver == DriverSSH {
+		for i, v := range c.Env {
+			if v.Inject != nil {
+				errs[fmt.Sprintf("env[%d].inject", i)] = "an ssh host reaches the network itself: Berth's egress proxy cannot inject there"
+			}
+		}
+	}
 	c.MaxParallelRuns = p.integer("max_parallel_runs", 0, 0, MaxParallelRunsLimit)
 	if len(errs) > 0 {
 		return Config{}, Secrets{}, errs
@@ -238,8 +247,8 @@ func (p *parser) envVar(prefix string, raw json.RawMessage, stored *Secrets) (En
 	}
 	q := &parser{obj: obj, errs: p.errs, prefix: prefix}
 	for _, k := range slices.Sorted(maps.Keys(obj)) {
-		if k != "name" && k != "value" && k != "secret" {
-			q.fail(k, "not a member of an env entry (name, value, secret)")
+		if k != "name" && k != "value" && k != "secret" && k != "inject" {
+			q.fail(k, "not a member of an env entry (name, value, secret, inject)")
 		}
 	}
 	name, ok := q.str("name", "required: the variable name")
@@ -251,6 +260,9 @@ func (p *parser) envVar(prefix string, raw json.RawMessage, stored *Secrets) (En
 		return EnvVar{}, false
 	}
 	v := EnvVar{Name: name, Secret: q.boolean("secret", false)}
+	if v.Inject = q.inject(); v.Inject != nil && !v.Secret {
+		q.fail("inject", "only a secret can be injected (set secret: true)")
+	}
 	value, ok := q.envValue(v, stored)
 	if !ok {
 		return EnvVar{}, false

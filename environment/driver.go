@@ -185,6 +185,9 @@ type Options struct {
 	// Networks are this node's workspace network namespaces (package netns); nil when Berth is
 	// not root, and then a jail that wants a network has the host's (docs/network.md).
 	Networks *netns.Networks
+	// CABundle, for an environment whose credentials the egress proxy injects, is the host path
+	// of the certificate bundle its jails trust (the system's roots and Berth's egress CA).
+	CABundle string
 }
 
 // New returns the driver for an environment's configuration.

@@ -25,6 +25,12 @@ func startJail(h jail.Host, spec jail.Spec, within, store string, n jailNetwork)
 	}
 	if n.ns != nil {
 		n.env(spec.Env)
+		if n.caBundle != "" {
+			spec.ReadOnly = append(slices.Clone(spec.ReadOnly), jail.Bind{Src: n.caBundle, Dst: caBundlePath})
+			for _, k := range []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS"} {
+				spec.Env[k] = caBundlePath
+			}
+		}
 	}
 	c, err := h.Build(spec)
 	if err != nil {
@@ -48,14 +54,19 @@ func startJail(h jail.Host, spec jail.Spec, within, store string, n jailNetwork)
 // egress proxy on its loopback), or only a loopback of its own, or, when Berth is not root and
 // cannot make namespaces, the host's network (docs/network.md says what that leaves open).
 type jailNetwork struct {
-	network bool             // keep the namespace bubblewrap starts in (ns, or the host's)
-	ns      *netns.Namespace // the workspace's namespace, when there is one
-	release func()           // lets ns go
+	network  bool             // keep the namespace bubblewrap starts in (ns, or the host's)
+	ns       *netns.Namespace // the workspace's namespace, when there is one
+	release  func()           // lets ns go
+	caBundle string           // the roots plus Berth's egress CA, for an environment with injected credentials
 }
+
+// caBundlePath is where a jail finds the certificate bundle it trusts when its environment has
+// credentials the egress proxy injects (the proxy terminates TLS for those hosts only).
+const caBundlePath = "/tmp/berth-ca-bundle.pem"
 
 // jailNet picks the network of a jail of workspace key that wants one: the key's namespace when
 // this node has namespaces, else the host's. A jail that wants none gets its own loopback only.
-func jailNet(nets *netns.Networks, key string, want bool) (jailNetwork, error) {
+func jailNet(nets *netns.Networks, key string, want bool, caBundle string) (jailNetwork, error) {
 	n := jailNetwork{release: func() {}}
 	switch {
 	case !want:
@@ -68,7 +79,7 @@ func jailNet(nets *netns.Networks, key string, want bool) (jailNetwork, error) {
 	if err != nil {
 		return n, fmt.Errorf("network: %v: %w", err, ErrDriverUnavailable)
 	}
-	return jailNetwork{network: true, ns: ns, release: release}, nil
+	return jailNetwork{network: true, ns: ns, release: release, caBundle: caBundle}, nil
 }
 
 // env points a command in a workspace namespace at what Berth serves on its loopback: the API
@@ -102,6 +113,9 @@ func envMap(env []string) map[string]string {
 func configuredEnv(cfg Config, opts Options) (map[string]string, error) {
 	env := make(map[string]string, len(cfg.Env))
 	for _, v := range cfg.Env {
+		if v.Inject != nil {
+			continue // injected by the egress proxy: never in the jail
+		}
 		if msg := envNameProblem(v.Name); msg != "" {
 			return nil, fmt.Errorf("variable %s: %w", msg, ErrInvalidRequest)
 		}

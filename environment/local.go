@@ -36,6 +36,7 @@ type local struct {
 	jail      *jail.Host        // nil: bubblewrap missing (contained runs are refused)
 	contained bool              // false only for "containment": "none", an instance admin's choice
 	networks  *netns.Networks   // this node's workspace namespaces; nil when Berth is not root
+	caBundle  string            // Options.CABundle
 	masks     []string
 	dataDir   string
 	grace     time.Duration
@@ -53,7 +54,7 @@ func newLocal(cfg Config, opts Options) (*local, error) {
 	}
 	d := &local{env: env, grace: opts.Grace, home: opts.Home, path: opts.Path, probeDir: opts.ProbeDir,
 		drainWait: drainWait, jail: opts.Jail, contained: cfg.Containment != ContainmentNone,
-		masks: append(slices.Clone(opts.Masks), cfg.Masks...), dataDir: opts.DataDir, networks: opts.Networks}
+		masks: append(slices.Clone(opts.Masks), cfg.Masks...), dataDir: opts.DataDir, networks: opts.Networks, caBundle: opts.CABundle}
 	if d.grace <= 0 {
 		d.grace = DefaultGrace
 	}
@@ -135,7 +136,7 @@ func (d *local) command(req ExecRequest, env []string) (cmd *exec.Cmd, start fun
 	if home == "" {
 		delete(spec.Env, "HOME") // the jail's private /tmp
 	}
-	n, err := jailNet(d.networks, req.Network, true)
+	n, err := jailNet(d.networks, req.Network, true, d.caBundle)
 	if err != nil {
 		return nil, nil, nil, err
 	}

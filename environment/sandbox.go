@@ -27,6 +27,7 @@ type sandbox struct {
 	env       map[string]string
 	jail      *jail.Host
 	networks  *netns.Networks // this node's workspace namespaces (network on); nil when Berth is not root
+	caBundle  string          // Options.CABundle
 	image     string          // host directory of the active image layer
 	dataDir   string
 	probeDir  string
@@ -43,7 +44,7 @@ func newSandbox(cfg Config, opts Options) (*sandbox, error) {
 		return nil, fmt.Errorf("new sandbox driver: the image layer must be an absolute path: %w", ErrInvalidRequest)
 	}
 	d := &sandbox{onHost: newOnHost(DriverSandbox, opts.NodeID), cfg: cfg.Sandbox, env: env, jail: opts.Jail,
-		image: filepath.Clean(opts.ImageDir), dataDir: opts.DataDir, probeDir: opts.ProbeDir, grace: opts.Grace, networks: opts.Networks,
+		image: filepath.Clean(opts.ImageDir), dataDir: opts.DataDir, probeDir: opts.ProbeDir, grace: opts.Grace, networks: opts.Networks, caBundle: opts.CABundle,
 		drainWait: drainWait}
 	if d.grace <= 0 {
 		d.grace = DefaultGrace
@@ -88,7 +89,7 @@ func (d *sandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
 	spec := jail.Spec{Profile: jail.Sandbox, Bwrap: d.jail.Bwrap, Prlimit: d.jail.Prlimit, Workspace: req.Dir,
 		Image: d.image, Env: vars, Command: req.Command,
 		Limits: jail.Limits{MemoryMB: d.cfg.MemoryMB, PidsMax: d.cfg.PidsMax}}
-	n, err := jailNet(d.networks, req.Network, d.cfg.Network)
+	n, err := jailNet(d.networks, req.Network, d.cfg.Network, d.caBundle)
 	if err != nil {
 		return res, fmt.Errorf("exec: %w", err)
 	}

@@ -60,6 +60,8 @@ type Placement struct {
 	// Networks are this node's workspace namespaces: a service joins its workspace's (nil: the
 	// host's network, when Berth is not root).
 	Networks *netns.Networks
+	// CABundle is Options.CABundle.
+	CABundle string
 }
 
 // ServicePlacement is where services of an environment run: the local profile (the workspace at
@@ -92,7 +94,7 @@ func ServicePlacement(cfg Config, opts Options, home string) (Placement, error) 
 		if opts.Jail == nil {
 			return Placement{}, fmt.Errorf("service placement: %s: %w", jail.Fix, ErrDriverUnavailable)
 		}
-		return Placement{Contained: true, Host: *opts.Jail, Within: opts.DataDir, Env: base, Networks: opts.Networks,
+		return Placement{Contained: true, Host: *opts.Jail, Within: opts.DataDir, Env: base, Networks: opts.Networks, CABundle: opts.CABundle,
 			Spec: jail.Spec{Profile: jail.Local, Bwrap: opts.Jail.Bwrap, Home: home,
 				Masks: append(append([]string{}, opts.Masks...), cfg.Masks...)}}, nil
 	case DriverSandbox:
@@ -108,7 +110,7 @@ func ServicePlacement(cfg Config, opts Options, home string) (Placement, error) 
 		}
 		maps.Copy(base, imageEnv)
 		maps.Copy(base, env)
-		return Placement{Contained: true, Host: *opts.Jail, Within: opts.DataDir, Env: base, Networks: opts.Networks,
+		return Placement{Contained: true, Host: *opts.Jail, Within: opts.DataDir, Env: base, Networks: opts.Networks, CABundle: opts.CABundle,
 			Spec: jail.Spec{Profile: jail.Sandbox, Bwrap: opts.Jail.Bwrap, Prlimit: opts.Jail.Prlimit, Image: opts.ImageDir,
 				Network: true, Limits: jail.Limits{MemoryMB: cfg.Sandbox.MemoryMB, PidsMax: cfg.Sandbox.PidsMax}}}, nil
 	}
@@ -293,7 +295,7 @@ func (s *Supervisor) command(spec ServiceSpec) (cmd *exec.Cmd, start func() erro
 			return nil, nil, nil, nil, fmt.Errorf("service home: %w", err)
 		}
 	}
-	n, err := jailNet(pl.Networks, spec.WorkspaceID, true)
+	n, err := jailNet(pl.Networks, spec.WorkspaceID, true, pl.CABundle)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

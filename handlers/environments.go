@@ -223,6 +223,9 @@ func (s *Server) updateEnvironment(ctx context.Context, r *http.Request, a acces
 		}
 		return s.auditEnvironmentChange(ctx, tx, r, a, id, plan)
 	})
+	if err == nil && s.envChanged != nil {
+		s.envChanged(id) // its egress policy applies to the next connection
+	}
 	return env, err
 }
 

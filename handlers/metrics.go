@@ -30,6 +30,14 @@ type Metrics struct {
 	// RunAdmission observes, in seconds, how long a run waited from its creation (admission) to
 	// the start of its command; give it to jobs.Deps.Admission on the node that runs the workers.
 	RunAdmission prometheus.Histogram
+	// EgressDenied counts connections the egress proxy refused, by environment and reason class
+	// (berth_egress_denied_total); give EgressDeniedInc to jobs.Egress.Denied.
+	EgressDenied *prometheus.CounterVec
+}
+
+// EgressDeniedInc counts one refused connection of environment, for reason.
+func (m *Metrics) EgressDeniedInc(environment, reason string) {
+	m.EgressDenied.WithLabelValues(environment, reason).Inc()
 }
 
 // NewMetrics makes a registry with the process-wide series.
@@ -46,12 +54,17 @@ func NewMetrics() *Metrics {
 			Help:    "Time from a run's creation to the start of its command, observed when it starts.",
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
 		}),
+		EgressDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "berth_egress_denied_total",
+			Help: "Connections the egress proxy refused, by environment id and reason (deny, private_address, not_on_the_allowlist, mode_off, no_address, request_already_carries, other).",
+		}, []string{"environment", "reason"}),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.requests,
 		m.RunAdmission,
+		m.EgressDenied,
 	)
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 	return m

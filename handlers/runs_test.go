@@ -58,8 +58,13 @@ func setupRunsWorkers(t testing.TB, workers func(*jobs.Deps), opts ...func(*Deps
 		jd := jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
 			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir}
+		eg, err := jobs.NewEgress(d.Pool, d.Secrets, dataDir, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		jd.Egress, d.OnEnvironmentChange = eg, eg.Invalidate
 		if netns.Available() { // every workspace's jails in a network namespace, as cmd/berth does as root
-			nets, err := netns.NewNetworks(netns.Serve(nil, nil))
+			nets, err := netns.NewNetworks(netns.Serve(nil, eg.Proxy))
 			if err != nil {
 				t.Fatal(err)
 			}

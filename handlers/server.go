@@ -74,6 +74,9 @@ type Deps struct {
 	// listen in the workspace's namespace, not on the host: jobs.Services.DialService); nil dials
 	// 127.0.0.1:port on the host.
 	DialService func(ctx context.Context, workspaceID string, port int) (net.Conn, error)
+	// OnEnvironmentChange hears of every change of an environment made through this node (its
+	// egress policy applies to the next connection: jobs.Egress.Invalidate); nil ignores them.
+	OnEnvironmentChange func(environmentID string)
 }
 
 // Server holds the dependencies every handler uses.
@@ -96,6 +99,7 @@ type Server struct {
 	imageSetup  *ImageSetup
 	local       LocalServices // this node's running services (preview_cache.go)
 	dialService func(ctx context.Context, workspaceID string, port int) (net.Conn, error)
+	envChanged  func(environmentID string)
 	previews    *previewCache // credentials and service rows of /preview/ requests
 	prober      *db.Prober    // /api/health's own connection (dbavail.go)
 	nodes       *Nodes        // nodes.go, internal.go
@@ -131,6 +135,7 @@ func New(d Deps) (*Server, error) {
 		events:      d.Events,
 		local:       d.LocalServices,
 		dialService: d.DialService,
+		envChanged:  d.OnEnvironmentChange,
 		previews:    newPreviewCache(),
 		nodes:       d.Nodes,
 	}

@@ -248,7 +248,7 @@ func (w *CloseWorkspaceWorker) cleanup(ctx context.Context, ws db.ExecutionWorks
 	}
 	err = w.operation(ctx, db.NewOperation{CompanyID: ws.CompanyID, ExecutionWorkspaceID: ws.ID, TaskID: ws.SourceTaskID,
 		Phase: "cleanup", Command: a.CleanupCommand}, func(log *environment.LogBuffer) (*int, error) {
-		req, err := w.inJail(ctx, ws, environment.ExecRequest{Command: a.CleanupCommand, Dir: root, Log: log,
+		req, err := w.inJail(ctx, ws, a.EnvironmentID, environment.ExecRequest{Command: a.CleanupCommand, Dir: root, Log: log,
 			Tag: fmt.Sprintf("close-%s-%d", ws.ID, ws.Generation), Timeout: cleanupTimeout,
 			Env: map[string]string{"BERTH_TASK_ID": ws.SourceTaskID, "BERTH_WORKSPACE_ID": ws.ID}})
 		if err != nil {

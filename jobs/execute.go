@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -131,8 +132,11 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 		Env: map[string]string{"BERTH_RUN_TOKEN": token, "BERTH_API_URL": w.deps.APIURL, "BERTH_TASK_ID": run.TaskID,
 			"BERTH_WORKSPACE_ID": ws.ID}}
 	if !environment.Remote(drv) { // the remote host is the boundary there; the jail is for this one
-		req, err = w.inJail(ctx, ws, req)
+		req, err = w.inJail(ctx, ws, run.EnvironmentID, req)
 	}
+	// What the run's jails reach through the egress proxy is recorded for it, and refusals are
+	// lines of its log.
+	unbind := w.deps.Egress.Bind(ws.ID, run.CompanyID, run.EnvironmentID, &run, log)
 	var res environment.ExecResult
 	var execErr error
 	if err != nil {
@@ -140,7 +144,18 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	} else {
 		res, execErr = drv.Exec(runCtx, req)
 	}
+	hosts := w.deps.Egress.Hosts(run.ID)
+	unbind()
 	_ = log.Close()
+	if len(hosts) > 0 {
+		if doc, err := json.Marshal(map[string]any{"hosts": hosts}); err == nil {
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), outcomeTryTimeout)
+			if err := db.SetRunEgress(wctx, w.deps.Pool, run.ID, doc); err != nil {
+				runLog(w.deps.Log, run).WarnContext(ctx, "run egress record", "err", err)
+			}
+			cancel()
+		}
+	}
 	// The watch ends with the command: no lease write follows it, whatever the final write waits for.
 	cause := context.Cause(runCtx)
 	stop(errCommandEnded)

@@ -49,6 +49,9 @@ type Deps struct {
 	// workspace joins its workspace's, with Berth's API and egress proxy on its loopback. Nil when
 	// Berth is not root (jails then have the host's network).
 	Networks *netns.Networks
+	// Egress is this node's side of the egress proxy (egress.go): policies, the per-run record
+	// of hosts, the CA. Nil is allowed (the proxy then refuses everything: netns.Serve).
+	Egress *Egress
 	// Executing is this process's registry of the runs it executes, its River client id and its
 	// claim on NodeID (jobs/executing.go); NewClient makes one when it is nil. Pass the same one
 	// to SweepOrphans.

@@ -262,7 +262,7 @@ func (w runWorker) setupStep(ctx context.Context, run db.Run, ws db.ExecutionWor
 			Env: map[string]string{"BERTH_TASK_ID": run.TaskID, "BERTH_WORKSPACE_ID": ws.ID}}
 		if !environment.Remote(drv) {
 			var err error
-			if req, err = w.inJail(ctx, ws, req); err != nil {
+			if req, err = w.inJail(ctx, ws, run.EnvironmentID, req); err != nil {
 				return nil, err
 			}
 		}

@@ -116,7 +116,8 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 		}
 	}
 	opts := environment.Options{NodeID: w.deps.NodeID, Secrets: sec, Jail: w.deps.Jail, DataDir: w.deps.DataDir, Networks: w.deps.Networks,
-		Masks: w.deps.Masks}
+		CABundle: injectedBundle(cfg, w.deps.Egress),
+		Masks:    w.deps.Masks}
 	if w.deps.DataDir != "" {
 		opts.Masks = append([]string{w.deps.DataDir}, opts.Masks...)
 	}
@@ -132,6 +133,14 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 		}
 	}
 	return environment.New(cfg, opts)
+}
+
+// injectedBundle is the CA bundle for an environment whose credentials the proxy injects, else "".
+func injectedBundle(cfg environment.Config, e *Egress) string {
+	if !cfg.Injects() {
+		return ""
+	}
+	return e.Bundle()
 }
 
 // imageLayer is the host directory of a sandbox environment's active image version:
@@ -151,8 +160,9 @@ func (w runWorker) imageLayer(ctx context.Context, env db.Environment) (string, 
 // namespace (shared with its services), a private HOME per workspace (outside its tree, kept
 // between runs) and, for a git worktree, the private git store its commits go to until finalize
 // brings them home (workspace.RunGit).
-func (w runWorker) inJail(ctx context.Context, ws db.ExecutionWorkspace, req environment.ExecRequest) (environment.ExecRequest, error) {
+func (w runWorker) inJail(ctx context.Context, ws db.ExecutionWorkspace, environmentID string, req environment.ExecRequest) (environment.ExecRequest, error) {
 	req.Network = ws.ID
+	w.deps.Egress.Bind(ws.ID, ws.CompanyID, environmentID, nil, nil) // its connections follow this environment's policy
 	if w.deps.HomeDir != "" {
 		req.Home = filepath.Join(w.deps.HomeDir, ws.Ref)
 		if err := os.MkdirAll(req.Home, 0o700); err != nil {

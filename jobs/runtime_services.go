@@ -403,6 +403,7 @@ func (m *Services) specFor(ctx context.Context, svc db.RuntimeService) (environm
 	if m.deps.HomeDir != "" {
 		home = filepath.Join(m.deps.HomeDir, ws.Ref)
 	}
+	m.deps.Egress.Bind(ws.ID, env.CompanyID, env.ID, nil, nil) // the service's connections follow its environment's policy
 	pl, err := servicePlacement(ctx, m.deps, env, home)
 	if err != nil {
 		return environment.ServiceSpec{}, def, err
@@ -442,6 +443,9 @@ func servicePlacement(ctx context.Context, d Deps, env db.Environment, home stri
 		}
 	}
 	opts := environment.Options{NodeID: d.NodeID, Secrets: sec, Jail: d.Jail, DataDir: d.DataDir, Masks: d.Masks, Networks: d.Networks}
+	if cfg.Injects() {
+		opts.CABundle = d.Egress.Bundle()
+	}
 	if d.DataDir != "" {
 		opts.Masks = append([]string{d.DataDir}, opts.Masks...)
 	}

@@ -95,12 +95,19 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
-	metrics := handlers.NewMetrics() // this process's /metrics registry; the workers observe run admission
 	executing := jobs.NewExecuting(node)
 	defer executing.Close()
+	metrics := handlers.NewMetrics() // this process's /metrics registry; the workers observe run admission
+	// The egress proxy every jail with a network reaches (jobs/egress.go, docs/network.md).
+	egressState, err := jobs.NewEgress(d.Pool, sealer, c.DataDir, log)
+	if err != nil {
+		return err
+	}
+	egressState.Denied = metrics.EgressDeniedInc
 	// Every workspace's jails get a network namespace of their own when Berth is root
-	// (environment/netns): Berth's API bridged to its loopback, nothing of the host's.
-	networks, err := jailNetworks(deps0.Jail, c.BaseURL)
+	// (environment/netns): Berth's API bridged to its loopback and the egress proxy, nothing of
+	// the host's.
+	networks, err := jailNetworks(deps0.Jail, c.BaseURL, egressState.Proxy)
 	if err != nil {
 		return err
 	}
@@ -108,6 +115,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		defer networks.Close()
 	}
 	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node, Networks: networks,
+		Egress: egressState,
 		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing,
 		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks, Admission: metrics.RunAdmission}
 	var local handlers.LocalServices // the preview proxy trusts this node's supervisor (handlers/preview_cache.go)
@@ -191,7 +199,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	go func() { _ = listener.Run(ctx) }()
 	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
 		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events,
-		Nodes: node0.handlerNodes(), DialService: dialService})
+		Nodes: node0.handlerNodes(), DialService: dialService, OnEnvironmentChange: egressState.Invalidate})
 	if err != nil {
 		return err
 	}
@@ -289,11 +297,11 @@ func sourceRoots(getenv func(string) string) []string {
 
 // jailNetworks is this node's workspace network namespaces, when it has a jail and is root (nil
 // otherwise: jails then keep the host's network, docs/network.md).
-func jailNetworks(h *jail.Host, api *url.URL) (*netns.Networks, error) {
+func jailNetworks(h *jail.Host, api *url.URL, proxy netns.Egress) (*netns.Networks, error) {
 	if h == nil || !netns.Available() {
 		return nil, nil
 	}
-	n, err := netns.NewNetworks(netns.Serve(api, nil))
+	n, err := netns.NewNetworks(netns.Serve(api, proxy))
 	if err != nil {
 		return nil, fmt.Errorf("network namespaces: %w", err)
 	}

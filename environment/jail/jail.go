@@ -275,6 +275,11 @@ func Build(s Spec) (Cmd, error) {
 			dir = filepath.Join(s.Workspace, s.Dir)
 			break
 		}
+		mk := dirMaker{roots: []string{"/"}, made: map[string]bool{"/tmp": true, "/usr": true, "/etc": true}}
+		for _, b := range s.ReadOnly {
+			mk.parents(&a, b.dst())
+			a.add("--ro-bind", b.Src, b.dst())
+		}
 		a.add("--perms", "0755", "--dir", "/opt")
 		a.add(bindFlag(s.WorkspaceReadOnly), s.Workspace, SandboxWorkdir)
 		if s.Profile == Setup {
@@ -433,6 +438,11 @@ func (s Spec) check() error {
 			return fmt.Errorf("a git jail's workspace cannot be under /usr or /etc: %w", ErrInvalid)
 		}
 	case Sandbox, Setup:
+		for _, b := range s.ReadOnly {
+			if !absClean(b.Src) || !absClean(b.dst()) || !Within(b.dst(), "/tmp") {
+				return fmt.Errorf("a sandbox's extra binds are files under its /tmp: %w", ErrInvalid)
+			}
+		}
 		if !absClean(s.Image) {
 			return fmt.Errorf("image layer must be an absolute, clean path: %w", ErrInvalid)
 		}
