@@ -115,7 +115,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		defer networks.Close()
 	}
 	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node, Networks: networks,
-		Egress: egressState,
+		Egress:  egressState,
 		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing,
 		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks, Admission: metrics.RunAdmission}
 	var local handlers.LocalServices // the preview proxy trusts this node's supervisor (handlers/preview_cache.go)
