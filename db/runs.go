@@ -498,3 +498,22 @@ func RunEgress(ctx context.Context, q Querier, companyID, runID string) ([]byte,
 	}
 	return doc, nil
 }
+
+// SetRunFinalize records how a run's finalize stands: pending (with the last attempt's error,
+// if any), settled or failed (with why).
+func SetRunFinalize(ctx context.Context, q Querier, runID, state, errMsg string) error {
+	if len(errMsg) > 2000 {
+		errMsg = errMsg[:2000]
+	}
+	if _, err := q.Exec(ctx, `UPDATE runs SET finalize_state = $2, finalize_error = $3 WHERE id = $1`, runID, state, errMsg); err != nil {
+		return fmt.Errorf("set run finalize: %w", err)
+	}
+	return nil
+}
+
+// RunFinalize is how a company's run's finalize stands, and the error of its last failed attempt.
+func RunFinalize(ctx context.Context, q Querier, companyID, runID string) (state, errMsg string, err error) {
+	err = q.QueryRow(ctx, `SELECT finalize_state, finalize_error FROM runs WHERE company_id = $1 AND id = $2`, companyID, runID).
+		Scan(&state, &errMsg)
+	return state, errMsg, notFound(err)
+}

@@ -264,3 +264,49 @@ func fileOwner(fi os.FileInfo) int {
 	}
 	return -1
 }
+
+// TestFinalizeFailureIsVisible: a run whose work cannot be brought home (it committed, then
+// destroyed the objects of its own commit) succeeded as a command, but its finalize says it
+// failed and why, in the API and on the run page, instead of a plain success; the task branch is
+// untouched. (Finalize is retried with backoff; the run says which attempt failed.)
+func TestFinalizeFailureIsVisible(t *testing.T) {
+	t.Parallel()
+	re := setupRuns(t)
+	re.workspaceWith("")
+	before := gitOut(t, re.repo, "rev-parse", "main")
+	task := re.task(`echo work > work.txt && git add work.txt && git -c user.name=R -c user.email=r@e commit -qm 'run commit' &&
+rm -rf "$GIT_OBJECT_DIRECTORY"/[0-9a-f][0-9a-f]`)
+	id := re.start(task.ID, nil)
+	re.waitRun(id, "the end", ended)
+	var run map[string]any
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		_, run = re.call(re.r.Viewer, http.MethodGet, "/api/runs/"+id, nil)
+		if f, _ := run["finalize"].(map[string]any); f != nil && f["error"] != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	f, _ := run["finalize"].(map[string]any)
+	if run["status"] != "succeeded" || f == nil || (f["state"] != "pending" && f["state"] != "failed") ||
+		!strings.Contains(fmt.Sprint(f["error"]), "failed") {
+		t.Fatalf("run = %v", run)
+	}
+	resp, body := re.pageBody(re.r.Viewer, "/runs/"+id)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `id="run-finalize-error"`) || !strings.Contains(body, "attempt 1") {
+		t.Fatalf("run page = %d, no finalize error shown:\n%s", resp.StatusCode, body)
+	}
+	if got := gitOut(t, re.repo, "rev-parse", "berth/PRJ-1"); got != before {
+		t.Fatalf("the task branch moved to %s", got)
+	}
+	// Negative control: a run that leaves its objects alone settles with its work home.
+	ok := re.task(`echo work > ok.txt`)
+	okID := re.start(ok.ID, nil)
+	okRun := re.waitRun(okID, "the end", ended)
+	if fin, _ := re.settled(okRun); fin != "settled" {
+		t.Fatalf("control run finalize = %q", fin)
+	}
+	if _, out := re.call(re.r.Viewer, http.MethodGet, "/api/runs/"+okID, nil); out["finalize"].(map[string]any)["state"] != "settled" {
+		t.Fatalf("control run = %v", out)
+	}
+}

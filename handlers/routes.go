@@ -148,7 +148,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// Runs (start and cancel: board members).
 	mux.Handle("POST /api/tasks/{id}/runs", s.api(s.createRunAPI))
 	mux.Handle("GET /api/tasks/{id}/runs", s.api(s.taskRunsAPI))
-	mux.Handle("GET /api/runs/{id}", s.api(getObjectAPI(s, "runs", db.RunByID, newRunJSON)))
+	mux.Handle("GET /api/runs/{id}", s.api(s.getRunAPI))
 	mux.Handle("GET /api/runs/{id}/log", s.api(s.runLogAPI))
 	mux.Handle("POST /api/runs/{id}/cancel", s.api(s.cancelRunAPI))
 

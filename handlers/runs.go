@@ -47,6 +47,69 @@ func newRunJSON(r db.Run) runJSON {
 		CreatedAt: r.CreatedAt.UTC(), StartedAt: utcPtr(r.StartedAt), FinishedAt: utcPtr(r.FinishedAt), NodeID: optional(r.NodeID)}
 }
 
+// runDetailJSON is GET /api/runs/{id}: the run, how its finalize stands (its work brought home
+// to the task branch or artifact store, or why not: a command that succeeded whose work could
+// not be committed is not a plain success), and the hosts its jails reached and were refused
+// through the egress proxy.
+type runDetailJSON struct {
+	runJSON
+	Finalize runFinalizeJSON `json:"finalize"`
+	Egress   json.RawMessage `json:"egress"`
+}
+
+type runFinalizeJSON struct {
+	State string  `json:"state"` // none | pending | settled | failed
+	Error *string `json:"error"`
+}
+
+// getRunAPI is GET /api/runs/{id}.
+func (s *Server) getRunAPI(w http.ResponseWriter, r *http.Request, p *principal) error {
+	ctx, id := r.Context(), r.PathValue("id")
+	a, err := s.objectAccess(ctx, p, "runs", id)
+	if err != nil {
+		return err
+	}
+	run, err := db.RunByID(ctx, s.pool, a.Company.ID, id)
+	if err != nil {
+		return err
+	}
+	state, msg, err := db.RunFinalize(ctx, s.pool, a.Company.ID, id)
+	if err != nil {
+		return err
+	}
+	egress, err := db.RunEgress(ctx, s.pool, a.Company.ID, id)
+	if err != nil {
+		return err
+	}
+	if len(egress) == 0 {
+		egress = json.RawMessage(`{"hosts": []}`)
+	}
+	writeJSON(w, http.StatusOK, runDetailJSON{runJSON: newRunJSON(run), Finalize: runFinalizeJSON{State: state, Error: optional(msg)},
+		Egress: egress})
+	return nil
+}
+
+// runOutcome is the run page's finalize state and egress hosts.
+func (s *Server) runOutcome(ctx context.Context, companyID, id string) (views.RunOutcome, error) {
+	var o views.RunOutcome
+	var err error
+	if o.FinalizeState, o.FinalizeError, err = db.RunFinalize(ctx, s.pool, companyID, id); err != nil {
+		return o, err
+	}
+	doc, err := db.RunEgress(ctx, s.pool, companyID, id)
+	if err != nil || len(doc) == 0 {
+		return o, err
+	}
+	var rec struct {
+		Hosts []views.EgressRow `json:"hosts"`
+	}
+	if err := json.Unmarshal(doc, &rec); err != nil {
+		return o, nil // an unreadable record shows nothing rather than failing the page
+	}
+	o.Egress = rec.Hosts
+	return o, nil
+}
+
 // runRequest is the optional body of POST /api/tasks/{id}/runs, with the Idempotency-Key header.
 type runRequest struct {
 	TimeoutS       *int   `json:"timeout_s"`
@@ -394,6 +457,9 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request, p *principal) e
 			ExitCode: o.ExitCode, Error: o.Error, Log: string(o.Log), StartedAt: o.StartedAt, FinishedAt: o.FinishedAt})
 	}
 	if v.Receipt, err = s.receiptView(ctx, a.Company.ID, id); err != nil { // receipts.go
+		return err
+	}
+	if v.Outcome, err = s.runOutcome(ctx, a.Company.ID, id); err != nil {
 		return err
 	}
 	if isHTMX(r) && r.URL.Query().Get("fragment") == "run" {

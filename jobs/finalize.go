@@ -56,8 +56,20 @@ func (w *FinalizeWorker) Work(ctx context.Context, job *river.Job[FinalizeArgs])
 	if db.Unavailable(err) {
 		return river.JobSnooze(finalizeOutageWait)
 	}
-	if err != nil && job.Attempt >= finalizeAttempts && run.ExecutionWorkspaceID != "" {
-		_ = db.SetFinalizeState(context.WithoutCancel(ctx), w.deps.Pool, run.ExecutionWorkspaceID, "failed")
+	// The run says how its work fared, beside its command's status: a command that succeeded
+	// whose work could not be brought home is not a plain success (the run page shows why).
+	wctx := context.WithoutCancel(ctx)
+	switch {
+	case err == nil:
+		_ = db.SetRunFinalize(wctx, w.deps.Pool, run.ID, "settled", "")
+	case job.Attempt >= finalizeAttempts:
+		if run.ExecutionWorkspaceID != "" {
+			_ = db.SetFinalizeState(wctx, w.deps.Pool, run.ExecutionWorkspaceID, "failed")
+		}
+		_ = db.SetRunFinalize(wctx, w.deps.Pool, run.ID, "failed", err.Error())
+	default:
+		_ = db.SetRunFinalize(wctx, w.deps.Pool, run.ID, "pending",
+			fmt.Sprintf("attempt %d of %d failed (retried): %v", job.Attempt, finalizeAttempts, err))
 	}
 	return err
 }

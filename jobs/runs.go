@@ -87,6 +87,9 @@ func (w runWorker) enqueueFinalize(ctx context.Context, tx pgx.Tx, run db.Run) e
 		if err := db.SetFinalizeState(ctx, tx, run.ExecutionWorkspaceID, "pending"); err != nil {
 			return err
 		}
+		if err := db.SetRunFinalize(ctx, tx, run.ID, "pending", ""); err != nil {
+			return err
+		}
 	}
 	_, err := Enqueue(ctx, river.ClientFromContext[pgx.Tx](ctx), tx, FinalizeArgs{RunID: run.ID})
 	return err

@@ -49,6 +49,9 @@ func writeOutcome(ctx context.Context, pool *pgxpool.Pool, ins Inserter, o runOu
 			if err := db.SetFinalizeState(ctx, tx, r.ExecutionWorkspaceID, "pending"); err != nil {
 				return err
 			}
+			if err := db.SetRunFinalize(ctx, tx, r.ID, "pending", ""); err != nil {
+				return err
+			}
 		}
 		if _, err := Enqueue(ctx, ins, tx, FinalizeArgs{RunID: r.ID}); err != nil {
 			return fmt.Errorf("enqueue finalize: %w", err)
