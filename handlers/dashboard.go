@@ -3,7 +3,6 @@ package handlers
 import (
 	"context"
 	"net/http"
-	"strings"
 
 	"berth/db"
 	"berth/views"
@@ -61,7 +60,10 @@ func (s *Server) dashboardData(ctx context.Context, p *principal) (views.Dashboa
 		if actor == "" {
 			actor = e.ActorType
 		}
-		row := views.ActivityRow{At: e.At, Actor: actor, Action: strings.ReplaceAll(e.Action, ".", " "), Target: auditTarget(e)}
+		row := views.ActivityRow{At: e.At, Actor: actor, Action: e.Action, Target: auditTarget(e)}
+		if e.TargetType == "user" && e.TargetID != "" && e.TargetID == e.ActorID {
+			row.Target = "" // "admin@… signed in", not "… signed in · user"
+		}
 		if name, href := auditTargetLink(e, names); href != "" {
 			row.Href = href
 			if name != "" {

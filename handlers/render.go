@@ -22,6 +22,7 @@ func (s *Server) frame(r *http.Request, title, active string) views.Frame {
 			SSE:     s.sseAsset(),
 			App:     s.assets.URL("js/app.js"),
 			Favicon: s.assets.URL("favicon.svg"),
+			Theme:   s.assets.URL("js/theme.js"),
 		},
 	}
 	if p := principalFrom(r.Context()); p != nil && p.Via == "session" {
