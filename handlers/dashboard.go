@@ -26,7 +26,9 @@ func (s *Server) renderDashboard(w http.ResponseWriter, r *http.Request, p *prin
 		return err
 	}
 	d.Form = form
-	return s.renderStatus(w, r, status, views.Dashboard(s.frame(r, "Dashboard", "dashboard"), d))
+	f := s.frame(r, "Dashboard", "dashboard")
+	f.Help = "/help/pages"
+	return s.renderStatus(w, r, status, views.Dashboard(f, d))
 }
 
 // dashboardData loads what the dashboard shows p.
@@ -37,6 +39,11 @@ func (s *Server) dashboardData(ctx context.Context, p *principal) (views.Dashboa
 		return views.DashboardData{}, err
 	}
 	d := views.DashboardData{IsAdmin: admin, MoreCompanies: len(cs) > dashboardCompanies}
+	if admin {
+		if d.Onboarding, err = s.onboarding(ctx); err != nil {
+			return views.DashboardData{}, err
+		}
+	}
 	for _, c := range cs[:min(len(cs), dashboardCompanies)] {
 		d.Companies = append(d.Companies, views.CompanyRow{ID: c.ID, Name: c.Name, Slug: c.Slug, Role: c.Role})
 	}
