@@ -26,9 +26,7 @@ func (s *Server) renderDashboard(w http.ResponseWriter, r *http.Request, p *prin
 		return err
 	}
 	d.Form = form
-	f := s.frame(r, "Dashboard", "dashboard")
-	f.Help = "/help/pages"
-	return s.renderStatus(w, r, status, views.Dashboard(f, d))
+	return s.renderStatus(w, r, status, views.Dashboard(s.frame(r, "Dashboard", "dashboard"), d))
 }
 
 // dashboardData loads what the dashboard shows p.

@@ -115,3 +115,56 @@ func (s *Server) helpImage(w http.ResponseWriter, r *http.Request, p *principal)
 	_, err = w.Write(b)
 	return err
 }
+
+// helpSections maps a page's path to its section of the documentation: the first prefix that
+// matches wins (longest ones first).
+var helpSections = []struct{ prefix, help string }{
+	{"/runs/", "/help/runs#flow"},
+	{"/tasks/*/attempts", "/help/attempts"},
+	{"/tasks/*/files", "/help/security#file-browser-and-git-internals"},
+	{"/tasks/", "/help/decisions#tasks-plan-and-binding"},
+	{"/projects/", "/help/decisions#projects-and-workspaces"},
+	{"/project-workspaces/", "/help/decisions#projects-and-workspaces"},
+	{"/workspaces/", "/help/runs#continuing-closing-reopening"},
+	{"/companies/*/workspaces", "/help/runs#continuing-closing-reopening"},
+	{"/companies/*/environments", "/help/decisions#environments"},
+	{"/companies/*/members", "/help/decisions#tenancy-and-roles"},
+	{"/companies/*/agents", "/help/security#run-tokens"},
+	{"/companies/*/audit", "/help/security"},
+	{"/companies/", "/help/decisions#projects-and-workspaces"},
+	{"/environments/", "/help/decisions#environments"},
+	{"/image-setup-sessions/", "/help/terminal#building-an-image-step-by-step"},
+	{"/leases", "/help/runs#leases"},
+	{"/admin/nodes", "/help/scaling"},
+	{"/admin/workspaces", "/help/jobs"},
+	{"/admin/source-roots", "/help/pages#local-repositories"},
+	{"/settings", "/help/pages#settings"},
+	{"/search", "/help/pages#search"},
+}
+
+// helpFor is the help link of the page at urlPath ("" for none: the help pages themselves).
+// A "*" in a prefix stands for one path segment.
+func helpFor(urlPath string) string {
+	if urlPath == "/" {
+		return "/help/pages"
+	}
+	for _, h := range helpSections {
+		if helpMatch(urlPath, h.prefix) {
+			return h.help
+		}
+	}
+	return ""
+}
+
+func helpMatch(urlPath, prefix string) bool {
+	before, after, wild := strings.Cut(prefix, "*")
+	if !wild {
+		return strings.HasPrefix(urlPath, prefix)
+	}
+	rest, ok := strings.CutPrefix(urlPath, before)
+	if !ok {
+		return false
+	}
+	i := strings.IndexByte(rest, '/')
+	return i > 0 && strings.HasPrefix(rest[i:], after)
+}

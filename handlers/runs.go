@@ -404,7 +404,7 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request, p *principal) e
 		return err
 	}
 	v.Branch, v.Environment, v.Duration = facts.Branch, facts.Environment, facts.Duration
-	return s.render(w, r, views.RunPage(s.companyFrame(r, a, runTitle(task.Key, run.Status, facts), "projects"), v))
+	return s.render(w, r, views.RunPage(s.projectFrame(r, a, task.ProjectID, runTitle(task.Key, run.Status, facts)), v))
 }
 
 // createRunForm is POST /tasks/{id}/runs (board members): admits a run and goes to its page; a

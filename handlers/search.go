@@ -86,6 +86,5 @@ func (s *Server) searchPage(w http.ResponseWriter, r *http.Request, p *principal
 		return s.render(w, r, views.SearchResultsList(v))
 	}
 	f := s.frame(r, "Search", "")
-	f.Help = "/help/pages#search"
 	return s.render(w, r, views.SearchPage(f, v))
 }

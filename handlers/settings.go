@@ -124,7 +124,6 @@ func (s *Server) renderSettings(w http.ResponseWriter, r *http.Request, p *princ
 			Browser: views.BrowserName(se.UserAgent), UserAgent: se.UserAgent, Current: se.Current})
 	}
 	f := s.frame(r, "Settings", "settings")
-	f.Help = "/help/pages#settings"
 	return s.renderStatus(w, r, status, views.SettingsPage(f, v))
 }
 

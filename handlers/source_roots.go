@@ -158,7 +158,6 @@ func (s *Server) renderSourceRoots(w http.ResponseWriter, r *http.Request, p *pr
 			ProjectID: q.ProjectID, ProjectName: q.ProjectName, Requester: q.Requester, Path: q.Path, Status: q.Status, CreatedAt: q.CreatedAt})
 	}
 	f := s.frame(r, "Source roots", "admin-source-roots")
-	f.Help = "/help/decisions#projects-and-workspaces"
 	return s.renderStatus(w, r, status, views.SourceRootsPage(f, d))
 }
 
