@@ -128,7 +128,7 @@ var helpSections = []struct{ prefix, help string }{
 	{"/workspaces/", "/help/runs#continuing-closing-reopening"},
 	{"/companies/*/workspaces", "/help/runs#continuing-closing-reopening"},
 	{"/companies/*/environments", "/help/decisions#environments"},
-	{"/companies/*/members", "/help/decisions#tenancy-and-roles"},
+	{"/companies/*/members", "/help/decisions#tenancy-and-roles-docsapimd"},
 	{"/companies/*/agents", "/help/security#run-tokens"},
 	{"/companies/*/audit", "/help/security"},
 	{"/companies/", "/help/decisions#projects-and-workspaces"},
