@@ -88,5 +88,5 @@ func auditTarget(e db.AuditEvent) string {
 			return v
 		}
 	}
-	return e.TargetType
+	return views.TargetTypeLabel(e.TargetType)
 }

@@ -208,6 +208,10 @@
 			} else if (event.key === "ArrowUp") {
 				event.preventDefault();
 				select(all.length ? (i <= 0 ? all.length - 1 : i - 1) : -1);
+			} else if (event.key === "Escape") {
+				// A search field would only clear itself on the first Esc: close at once.
+				event.preventDefault();
+				palette.close();
 			} else if (event.key === "Enter") {
 				var target = all[i >= 0 ? i : 0];
 				if (target) {
