@@ -294,7 +294,9 @@ func TestBrowserSettings(t *testing.T) {
 		t.Errorf("the revoked token on /api/me = %d, want 401", code)
 	}
 	acceptConfirms(t, ctx)
-	browserStep(t, ctx, "sign out others", chromedp.Click(chromedp.CSS(`#sign-out-others`)), chromedp.WaitVisible(chromedp.CSS(`#flash`)))
+	browserStep(t, ctx, "sign out others", chromedp.Click(chromedp.CSS(`#sign-out-others`)))
+	waitPath(t, ctx, "/settings")
+	waitJS(t, ctx, `!!document.querySelector('#flash') && document.querySelector('#flash').textContent.includes('other sessions')`)
 	if resp, err := other.Get(base + "/settings"); err != nil || resp.StatusCode != http.StatusSeeOther {
 		t.Errorf("the other session after sign-out-others: %v %v, want the sign-in redirect", resp, err)
 	}
@@ -308,8 +310,8 @@ func TestBrowserSettings(t *testing.T) {
 		chromedp.SendKeys(chromedp.CSS(`#current-password`), "a long admin password"),
 		chromedp.SendKeys(chromedp.CSS(`#new-password`), "another long password"),
 		chromedp.SendKeys(chromedp.CSS(`#confirm-password`), "another long password"),
-		chromedp.Click(chromedp.CSS(`#password-form button[type=submit]`)),
-		chromedp.WaitVisible(chromedp.CSS(`#flash`)))
+		chromedp.Click(chromedp.CSS(`#password-form button[type=submit]`)))
+	waitJS(t, ctx, `!!document.querySelector('#flash') && document.querySelector('#flash').textContent.includes('Password changed')`)
 	httpSession(t, base, "admin@example.com", "another long password")
 }
 
@@ -377,6 +379,21 @@ func TestBrowserOnboarding(t *testing.T) {
 	}
 	if href := evalString(t, ctx, `document.querySelector('#onboarding li[data-step="environment"] a').getAttribute('href')`); !strings.HasSuffix(href, "/environments") {
 		t.Errorf("the environment step links %q, want the company's environments", href)
+	}
+}
+
+// waitJS waits until a JavaScript expression is true on the page.
+func waitJS(t *testing.T, ctx context.Context, js string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](js)); err == nil && ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 30 s for %s", js)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -212,12 +212,16 @@
 				// A search field would only clear itself on the first Esc: close at once.
 				event.preventDefault();
 				palette.close();
-			} else if (event.key === "Enter") {
-				var target = all[i >= 0 ? i : 0];
-				if (target) {
-					event.preventDefault();
-					window.location.assign(target.getAttribute("href"));
-				}
+			}
+		});
+		// Enter submits the palette's form: open the selected hit (the first by default) instead
+		// of the search page, which stays the answer when nothing is listed.
+		paletteInput.form.addEventListener("submit", function (event) {
+			var all = hits();
+			var target = all[selected() >= 0 ? selected() : 0];
+			if (target) {
+				event.preventDefault();
+				window.location.assign(target.getAttribute("href"));
 			}
 		});
 		// New results: the first one is selected, so Enter opens the best match.
