@@ -125,13 +125,14 @@ func TestBrowserSignInOut(t *testing.T) {
 	screenshot(t, ctx, "login-error")
 
 	signIn(t, ctx, base, "admin@example.com", "a long admin password")
-	who, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`.who`)))
+	who, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('.who').textContent`)) // in the account menu
 	if err != nil || !strings.Contains(who, "admin@example.com") {
 		t.Fatalf("top bar shows %q (%v)", who, err)
 	}
 	screenshot(t, ctx, "dashboard")
 
 	if err := chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`#account-menu summary`)),
 		chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)),
 		chromedp.WaitVisible(chromedp.CSS(`input[name=password]`)),
 	); err != nil {
