@@ -46,7 +46,7 @@ func HelpIndex(f Frame, docs []HelpDoc) templ.Component {
 				}()
 			}
 			ctx = templ.InitializeContext(ctx)
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<div class=\"page-header\"><h1>Help</h1><p class=\"subtitle\">Berth's documentation. Every page links its own section from the navigation (“Help for this page”); <kbd>?</kbd> lists the keyboard shortcuts.</p></div><section class=\"card\"><ul class=\"activity\">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 1, "<div class=\"page-header\"><h1>Help</h1><p class=\"subtitle\">Berth's documentation. Every page links its own section from the navigation (“Help”); <kbd>?</kbd> lists the keyboard shortcuts.</p></div><section class=\"card\"><ul class=\"activity\">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
