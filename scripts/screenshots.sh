@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./static/vendor.sh
-BERTH_DOCS_SCREENSHOTS="$PWD/docs/screenshots" go test -count=1 -run '^TestDocsScreenshots$' -v ./cmd/berth/ | grep -E 'wrote|PASS|FAIL|ok'
+BERTH_DOCS_SCREENSHOTS="$PWD/docs/screenshots" go test -count=1 -run TestDocsScreenshots -v ./cmd/berth/ | grep -E 'wrote|PASS|FAIL|ok'

@@ -36,7 +36,7 @@ func browser(t *testing.T) context.Context {
 	}
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelCtx := chromedp.NewContext(allocCtx)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 6*time.Minute) // a loaded 2-core machine is slow
+	ctx, cancelTimeout := context.WithTimeout(ctx, 10*time.Minute) // the layout check visits 80 pages; a loaded machine is slow
 	t.Cleanup(func() { cancelTimeout(); cancelCtx(); cancelAlloc() })
 	return ctx
 }
