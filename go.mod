@@ -17,6 +17,8 @@ require (
 	riverqueue.com/riverui v0.22.0
 )
 
+require github.com/yuin/goldmark v1.8.7
+
 require (
 	github.com/a-h/parse v0.0.42 // indirect
 	github.com/andybalholm/brotli v1.3.0 // indirect

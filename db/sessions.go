@@ -60,15 +60,19 @@ func (s *SessionStore) Commit(token string, data []byte, expiry time.Time) error
 }
 
 // CommitCtx stores the session's data and expiry under the hash of its token, replacing any
-// earlier version of the same session.
+// earlier version of the same session. The user the data names (SessionUserKey) and the browser
+// it began in (SessionAgentKey) are stored beside it, for UserSessions.
 func (s *SessionStore) CommitCtx(ctx context.Context, token string, data []byte, expiry time.Time) error {
 	key := sessionKey(token)
 	if s.mem.skip(key, data, expiry) {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, `INSERT INTO sessions (token, data, expiry) VALUES ($1, $2, $3)
-		ON CONFLICT (token) DO UPDATE SET data = EXCLUDED.data, expiry = EXCLUDED.expiry`,
-		key, data, expiry); err != nil {
+	owner := sessionOwnerOf(data)
+	if _, err := s.pool.Exec(ctx, `INSERT INTO sessions (token, data, expiry, user_id, user_agent)
+		VALUES ($1, $2, $3, (SELECT id FROM users WHERE id = $4::uuid), $5)
+		ON CONFLICT (token) DO UPDATE SET data = EXCLUDED.data, expiry = EXCLUDED.expiry,
+			user_id = EXCLUDED.user_id, user_agent = EXCLUDED.user_agent`,
+		key, data, expiry, nullable(owner.UserID), owner.UserAgent); err != nil {
 		return fmt.Errorf("commit session: %w", err)
 	}
 	s.mem.wrote(key, data, expiry)

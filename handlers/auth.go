@@ -9,8 +9,9 @@ import (
 	"berth/db"
 )
 
-// sessionUserKey is the session key holding the signed-in user's id.
-const sessionUserKey = "user_id"
+// sessionUserKey is the session key holding the signed-in user's id (the session store reads it
+// to record the session's owner, db.SessionUserKey).
+const sessionUserKey = db.SessionUserKey
 
 // principal is who is making a request: a user (by session or API token) or a run (by the run
 // token its command was given). For a run, User is the zero User and Run is set.

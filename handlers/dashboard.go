@@ -3,7 +3,6 @@ package handlers
 import (
 	"context"
 	"net/http"
-	"strings"
 
 	"berth/db"
 	"berth/views"
@@ -38,6 +37,11 @@ func (s *Server) dashboardData(ctx context.Context, p *principal) (views.Dashboa
 		return views.DashboardData{}, err
 	}
 	d := views.DashboardData{IsAdmin: admin, MoreCompanies: len(cs) > dashboardCompanies}
+	if admin {
+		if d.Onboarding, err = s.onboarding(ctx); err != nil {
+			return views.DashboardData{}, err
+		}
+	}
 	for _, c := range cs[:min(len(cs), dashboardCompanies)] {
 		d.Companies = append(d.Companies, views.CompanyRow{ID: c.ID, Name: c.Name, Slug: c.Slug, Role: c.Role})
 	}
@@ -61,7 +65,10 @@ func (s *Server) dashboardData(ctx context.Context, p *principal) (views.Dashboa
 		if actor == "" {
 			actor = e.ActorType
 		}
-		row := views.ActivityRow{At: e.At, Actor: actor, Action: strings.ReplaceAll(e.Action, ".", " "), Target: auditTarget(e)}
+		row := views.ActivityRow{At: e.At, Actor: actor, Action: e.Action, Target: auditTarget(e)}
+		if e.TargetType == "user" && e.TargetID != "" && e.TargetID == e.ActorID {
+			row.Target = "" // "admin@… signed in", not "… signed in · user"
+		}
 		if name, href := auditTargetLink(e, names); href != "" {
 			row.Href = href
 			if name != "" {
@@ -81,5 +88,5 @@ func auditTarget(e db.AuditEvent) string {
 			return v
 		}
 	}
-	return e.TargetType
+	return views.TargetTypeLabel(e.TargetType)
 }

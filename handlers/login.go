@@ -97,6 +97,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.sessions.Put(ctx, sessionUserKey, u.ID)
+	s.sessions.Put(ctx, db.SessionAgentKey, r.UserAgent()) // the settings page's "signed in with"
 	if err := db.RecordLoginAttempt(ctx, s.pool, f.Email, ip, true); err != nil {
 		return err
 	}

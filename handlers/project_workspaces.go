@@ -106,15 +106,22 @@ func validateProjectWorkspace(ctx context.Context, f db.ProjectWorkspaceFields, 
 }
 
 // sourceAllowed keeps tenants out of the host's filesystem: a local source (a path or a file://
-// URL) must lie inside one of the configured source roots (BERTH_SOURCE_ROOTS), unless an
-// instance administrator, who owns the host, sets it.
-func (s *Server) sourceAllowed(a access, f db.ProjectWorkspaceFields) error {
-	if !workspace.SourceIsLocal(f.SourceType, f.Source) || a.Admin || workspace.SourceWithin(f.Source, s.sourceRoots) {
+// URL) must lie inside one of the source roots (BERTH_SOURCE_ROOTS and those instance
+// administrators added on /admin/source-roots), unless an instance administrator, who owns the
+// host, sets it. The refusal (422 source_outside_roots) names the directory a board member may
+// ask an administrator to allow (source_roots.go).
+func (s *Server) sourceAllowed(ctx context.Context, a access, f db.ProjectWorkspaceFields) error {
+	if !workspace.SourceIsLocal(f.SourceType, f.Source) || a.Admin {
 		return nil
 	}
-	return invalid(map[string]string{"source": "This local repository is outside the directories board members may use. " +
-		"An instance administrator can add it (or a parent directory) to BERTH_SOURCE_ROOTS and restart Berth, " +
-		"or set this source themselves; a file:// URL is a local path too."})
+	roots, err := s.effectiveSourceRoots(ctx)
+	if err != nil {
+		return err
+	}
+	if workspace.SourceWithin(f.Source, roots) {
+		return nil
+	}
+	return errSourceOutsideRoots(f.Source)
 }
 
 // projectWorkspaceParent loads a workspace's project and refuses changes when it is archived.
@@ -152,7 +159,7 @@ func (s *Server) createProjectWorkspace(ctx context.Context, r *http.Request, a 
 		Source: in.Source, DefaultRef: in.DefaultRef, SetupCommand: in.SetupCommand, CleanupCommand: in.CleanupCommand},
 		in.Services, true)
 	if err == nil {
-		err = s.sourceAllowed(a, f)
+		err = s.sourceAllowed(ctx, a, f)
 	}
 	if err != nil {
 		return db.ProjectWorkspace{}, err
@@ -223,7 +230,7 @@ func (s *Server) updateProjectWorkspace(ctx context.Context, r *http.Request, a 
 		strings.TrimSpace(next.DefaultRef) != cur.DefaultRef
 	f, err := validateProjectWorkspace(ctx, next, services, sourceChanged)
 	if err == nil && sourceChanged {
-		err = s.sourceAllowed(a, f)
+		err = s.sourceAllowed(ctx, a, f)
 	}
 	if err != nil {
 		return db.ProjectWorkspace{}, err

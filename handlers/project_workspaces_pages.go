@@ -80,7 +80,8 @@ func (s *Server) createProjectWorkspaceForm(w http.ResponseWriter, r *http.Reque
 		return err
 	}
 	if refused {
-		return s.renderProjectWorkspaces(w, r, a, proj, he.Status, &views.ProjectWorkspaceForm{ProjectID: id, Values: vals, Errors: formErrors(he)})
+		return s.renderProjectWorkspaces(w, r, a, proj, he.Status, &views.ProjectWorkspaceForm{ProjectID: id, Values: vals,
+			Errors: formErrors(he), SourceRequest: sourceRequestOf(he)})
 	}
 	return s.renderProjectWorkspaces(w, r, a, proj, http.StatusOK, nil)
 }

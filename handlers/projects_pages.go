@@ -118,6 +118,7 @@ func (s *Server) projectPage(w http.ResponseWriter, r *http.Request, p *principa
 	if err != nil {
 		return err
 	}
+	r = s.live(r, "company", a.Company.ID, "topic", "task") // its task section follows the company's tasks
 	proj, err := db.ProjectByID(ctx, s.pool, a.Company.ID, id)
 	if err != nil {
 		return err
@@ -126,7 +127,7 @@ func (s *Server) projectPage(w http.ResponseWriter, r *http.Request, p *principa
 	if err != nil {
 		return err
 	}
-	return s.render(w, r, views.ProjectPage(s.companyFrame(r, a, proj.Name, "projects"), d))
+	return s.render(w, r, views.ProjectPage(s.projectFrame(r, a, proj.ID, proj.Name), d))
 }
 
 // projectPageData gathers a project's page: policy view, edit form, workspaces section.
@@ -202,7 +203,7 @@ func (s *Server) updateProjectForm(w http.ResponseWriter, r *http.Request, p *pr
 		if isHTMX(r) {
 			return s.renderStatus(w, r, status, views.ProjectEditForm(d.Edit))
 		}
-		return s.renderStatus(w, r, status, views.ProjectPage(s.companyFrame(r, a, proj.Name, "projects"), d))
+		return s.renderStatus(w, r, status, views.ProjectPage(s.projectFrame(r, a, proj.ID, proj.Name), d))
 	}
 	if err != nil {
 		return err

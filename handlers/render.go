@@ -16,12 +16,14 @@ func (s *Server) frame(r *http.Request, title, active string) views.Frame {
 		Active:  active,
 		Version: s.version,
 		Events:  liveFrom(r), // the page's /events URL when its handler made it live (events_pages.go)
+		Help:    helpFor(r.URL.Path),
 		Assets: views.AssetURLs{
 			CSS:     s.assets.URL("css/app.css"),
 			HTMX:    s.assets.URL("vendor/htmx.min.js"),
 			SSE:     s.sseAsset(),
 			App:     s.assets.URL("js/app.js"),
 			Favicon: s.assets.URL("favicon.svg"),
+			Theme:   s.assets.URL("js/theme.js"),
 		},
 	}
 	if p := principalFrom(r.Context()); p != nil && p.Via == "session" {
@@ -68,4 +70,11 @@ func isHTMX(r *http.Request) bool { return r.Header.Get("HX-Request") == "true" 
 // wants that fragment, not the page; history restores ask for the page).
 func htmxTarget(r *http.Request, id string) bool {
 	return isHTMX(r) && r.Header.Get("HX-Target") == id && r.Header.Get("HX-History-Restore-Request") != "true"
+}
+
+// projectFrame is companyFrame for a page inside a project (its tasks are `g t` away).
+func (s *Server) projectFrame(r *http.Request, a access, projectID, title string) views.Frame {
+	f := s.companyFrame(r, a, title, "projects")
+	f.ProjectID = projectID
+	return f
 }

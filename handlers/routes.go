@@ -20,6 +20,21 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /logout", s.handle(s.logout))
 	mux.Handle("GET /{$}", s.page(s.dashboard))
 
+	// Search (the command palette) and a person's own settings (search.go, settings.go).
+	mux.Handle("GET /search", s.page(s.searchPage))
+	mux.Handle("GET /api/search", s.api(s.searchAPI))
+	mux.Handle("GET /settings", s.page(s.settingsPage))
+	mux.Handle("POST /settings/password", s.page(s.changePasswordForm))
+	mux.Handle("POST /settings/tokens", s.page(s.createTokenForm))
+	mux.Handle("POST /settings/tokens/{id}/revoke", s.page(s.revokeTokenForm))
+	mux.Handle("POST /settings/sessions/sign-out-others", s.page(s.signOutOthersForm))
+	mux.Handle("GET /help", s.page(s.helpIndex))
+	mux.Handle("GET /help/{name}", s.page(s.helpPage))
+	mux.Handle("GET /help/screenshots/{file}", s.page(s.helpImage))
+	mux.Handle("GET /api/me/tokens", s.api(s.myTokensAPI))
+	mux.Handle("POST /api/me/tokens", s.api(s.createMyTokenAPI))
+	mux.Handle("POST /api/me/tokens/{id}/revoke", s.api(s.revokeMyTokenAPI))
+
 	mux.Handle("GET /api/health", s.handle(s.health))
 	mux.Handle("GET /api/me", s.api(s.me))
 	// Prometheus metrics (instance admins or BERTH_METRICS_TOKEN; anyone else 404; metrics.go).
@@ -84,6 +99,17 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /project-workspaces/{id}", s.page(s.updateProjectWorkspaceForm))
 	mux.Handle("POST /project-workspaces/{id}/primary", s.page(s.primaryProjectWorkspaceForm))
 	mux.Handle("POST /project-workspaces/{id}/delete", s.page(s.deleteProjectWorkspaceForm))
+
+	// Source roots: instance admins manage them; a board member refused a directory asks for it
+	// (source_roots.go).
+	mux.Handle("POST /api/projects/{id}/source-root-requests", s.api(s.sourceRootRequestAPI))
+	mux.Handle("POST /projects/{id}/source-root-requests", s.page(s.sourceRootRequestForm))
+	mux.Handle("GET /api/source-roots", s.api(s.sourceRootsAPI))
+	mux.Handle("GET /admin/source-roots", s.page(s.sourceRootsPage))
+	mux.Handle("POST /admin/source-roots", s.page(s.addSourceRootForm))
+	mux.Handle("POST /admin/source-roots/{id}/remove", s.page(s.removeSourceRootForm))
+	mux.Handle("POST /admin/source-root-requests/{id}/approve", s.page(s.resolveSourceRootRequestForm(true)))
+	mux.Handle("POST /admin/source-root-requests/{id}/dismiss", s.page(s.resolveSourceRootRequestForm(false)))
 
 	// Environments (changes: instance admins).
 	mux.Handle("GET /api/companies/{cid}/environments", s.api(s.apiListEnvironments))

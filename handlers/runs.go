@@ -462,15 +462,15 @@ func (s *Server) runPage(w http.ResponseWriter, r *http.Request, p *principal) e
 	if v.Outcome, err = s.runOutcome(ctx, a.Company.ID, id); err != nil {
 		return err
 	}
-	if isHTMX(r) && r.URL.Query().Get("fragment") == "run" {
-		return s.render(w, r, views.RunBody(v))
-	}
-	facts, err := s.runFactsOf(ctx, a.Company.ID, run, time.Now()) // run_title.go
+	facts, err := s.runFactsOf(ctx, a.Company.ID, run, time.Now()) // run_title.go; the heading is in the fragment
 	if err != nil {
 		return err
 	}
 	v.Branch, v.Environment, v.Duration = facts.Branch, facts.Environment, facts.Duration
-	return s.render(w, r, views.RunPage(s.companyFrame(r, a, runTitle(task.Key, run.Status, facts), "projects"), v))
+	if isHTMX(r) && r.URL.Query().Get("fragment") == "run" {
+		return s.render(w, r, views.RunBody(v))
+	}
+	return s.render(w, r, views.RunPage(s.projectFrame(r, a, task.ProjectID, runTitle(task.Key, run.Status, facts)), v))
 }
 
 // createRunForm is POST /tasks/{id}/runs (board members): admits a run and goes to its page; a

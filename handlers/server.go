@@ -77,6 +77,9 @@ type Deps struct {
 	// OnEnvironmentChange hears of every change of an environment made through this node (its
 	// egress policy applies to the next connection: jobs.Egress.Invalidate); nil ignores them.
 	OnEnvironmentChange func(environmentID string)
+	// HostChecks reports what this machine offers (the first-run checklist, onboarding.go); nil
+	// shows no findings.
+	HostChecks func(context.Context) []HostCheck
 }
 
 // Server holds the dependencies every handler uses.
@@ -104,6 +107,7 @@ type Server struct {
 	prober      *db.Prober    // /api/health's own connection (dbavail.go)
 	nodes       *Nodes        // nodes.go, internal.go
 	preview     *previewProxy // the /preview/ proxy, shared with the internal listener (internal.go)
+	hostChecks  func(context.Context) []HostCheck
 
 	// GET /events (events.go, events_stream.go); eventsHeartbeat 0 is the default interval.
 	events          *Events
@@ -138,6 +142,7 @@ func New(d Deps) (*Server, error) {
 		envChanged:  d.OnEnvironmentChange,
 		previews:    newPreviewCache(),
 		nodes:       d.Nodes,
+		hostChecks:  d.HostChecks,
 	}
 	s.limit = s.limit.withDefaults()
 

@@ -45,7 +45,7 @@ func taskEnvironmentOptions(envs []db.TaskEnvironment, current views.TaskOption)
 
 // taskFrame is the page frame of a task's pages.
 func (s *Server) taskFrame(r *http.Request, a access, t db.Task) views.Frame {
-	return s.companyFrame(r, a, t.Key+" · "+t.Title, "projects")
+	return s.projectFrame(r, a, t.ProjectID, t.Key+" · "+t.Title)
 }
 
 // taskListData builds a project's task list page: one page of tasks and, when withForm is set,
@@ -77,6 +77,7 @@ func (s *Server) taskListData(ctx context.Context, a access, project db.Project,
 		}
 		d.Form = taskFormData("new-task", "/projects/"+project.ID+"/tasks", false,
 			newTaskFields(db.TaskFields{}), taskEnvironmentOptions(envs, views.TaskOption{}))
+		d.Form.ProjectID, d.Form.OverridesOff = project.ID, !project.Policy.AllowTaskOverride
 	}
 	return d, nil
 }
@@ -107,15 +108,22 @@ func (s *Server) taskListPage(w http.ResponseWriter, r *http.Request, p *princip
 	}
 	w.Header().Set("Vary", "HX-Request")
 	fragment := taskFragmentRequest(r)
+	r = s.live(r, "company", a.Company.ID, "topic", "task") // the list follows its company's tasks (docs/live.md)
 	d, err := s.taskListData(ctx, a, project, q, !fragment)
 	if err != nil {
 		return err
 	}
+	d.SelfURL = r.URL.RequestURI()
 	if fragment {
-		d.Embedded = r.Header.Get("HX-Target") == "tasks" // the project page's section, not the list's own filters
+		// The project page's section (loaded into #tasks, re-read with embedded=1), not the list's
+		// own page with its filters.
+		d.Embedded = r.Header.Get("HX-Target") == "tasks" || r.URL.Query().Get("embedded") == "1"
+		if d.Embedded && r.URL.Query().Get("embedded") == "" {
+			d.SelfURL = taskListEmbeddedURL(r)
+		}
 		return s.render(w, r, views.TaskList(d))
 	}
-	return s.render(w, r, views.TaskListPage(s.companyFrame(r, a, "Tasks · "+project.Name, "projects"), d))
+	return s.render(w, r, views.TaskListPage(s.projectFrame(r, a, project.ID, "Tasks · "+project.Name), d))
 }
 
 // createTaskForm creates a task from the list page's form and goes to its page; a refused form
@@ -143,9 +151,10 @@ func (s *Server) createTaskForm(w http.ResponseWriter, r *http.Request, p *princ
 			return err
 		}
 		d.Form = taskFormData("new-task", "/projects/"+project.ID+"/tasks", false, f, d.Form.Environments)
+		d.Form.ProjectID, d.Form.OverridesOff = project.ID, !project.Policy.AllowTaskOverride
 		d.Form.Errors = fields
 		return s.renderStatus(w, r, http.StatusUnprocessableEntity,
-			views.TaskListPage(s.companyFrame(r, a, "Tasks · "+project.Name, "projects"), d))
+			views.TaskListPage(s.projectFrame(r, a, project.ID, "Tasks · "+project.Name), d))
 	case err != nil:
 		return err
 	}
@@ -190,6 +199,7 @@ func (s *Server) taskPageData(ctx context.Context, a access, snap db.PlanSnapsho
 			return views.TaskPageData{}, err
 		}
 		d.Edit = taskFormData("edit-task", "/tasks/"+t.ID, true, t.Fields(), taskEnvironmentOptions(envs, current))
+		d.Edit.ProjectID, d.Edit.OverridesOff = t.ProjectID, !snap.Policy.AllowTaskOverride
 	}
 	return d, nil
 }
@@ -246,6 +256,7 @@ func (s *Server) updateTaskForm(w http.ResponseWriter, r *http.Request, p *princ
 			return err
 		}
 		d.Edit = taskFormData("edit-task", "/tasks/"+id, true, f, d.Edit.Environments)
+		d.Edit.ProjectID, d.Edit.OverridesOff = snap.Task.ProjectID, !snap.Policy.AllowTaskOverride
 		d.Edit.Errors = fields
 		return s.renderStatus(w, r, http.StatusUnprocessableEntity, views.TaskPage(s.taskFrame(r, a, snap.Task), d))
 	case err != nil:
@@ -253,4 +264,11 @@ func (s *Server) updateTaskForm(w http.ResponseWriter, r *http.Request, p *princ
 	}
 	http.Redirect(w, r, withFlash("/tasks/"+id, "task_saved"), http.StatusSeeOther)
 	return nil
+}
+
+// taskListEmbeddedURL is the URL the project page's task section re-reads itself from.
+func taskListEmbeddedURL(r *http.Request) string {
+	v := r.URL.Query()
+	v.Set("embedded", "1")
+	return r.URL.Path + "?" + v.Encode()
 }

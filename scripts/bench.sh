@@ -13,6 +13,8 @@ run() { # package, pattern, benchtime
 }
 run ./handlers/ 'BenchmarkLogin$|BenchmarkMeToken$' 2s
 run ./handlers/ 'BenchmarkTaskListPage|BenchmarkPlanAPI|BenchmarkTaskPage' 1000x
+# The command palette's search over 10,000 tasks (docs/pages.md "Search").
+run ./handlers/ 'BenchmarkPaletteSearch' 300x
 run ./handlers/ 'BenchmarkAdmissionToStartShared' 50x
 run ./handlers/ 'BenchmarkAdmissionToStartWorktree' 5x
 run ./handlers/ 'BenchmarkAdmissionToStartContainment|BenchmarkAdmissionToStartSandbox' 50x
@@ -89,6 +91,8 @@ ssep=$(metric BenchmarkSSEFanout p99-ms)
 [ -n "$ssep" ] && echo "run status change committed -> SSE event at $(metric BenchmarkSSEFanout clients) connected streams: p50 $(metric BenchmarkSSEFanout p50-ms) ms, p99 ${ssep} ms (goal p99 <= 100 ms); idle: $(metric BenchmarkSSEFanout idle-req/s) requests/s, $(metric BenchmarkSSEFanout idle-bytes/s) bytes/s over 5 s (goal 0 requests/s)"
 tpp=$(metric BenchmarkTaskPage p50-ms)
 [ -n "$tpp" ] && echo "task page server time p50: ${tpp} ms, with live pages (SSE subscription) $(metric BenchmarkTaskPageLive p50-ms) ms (goal <= 2 ms)"
+ps=$(metric BenchmarkPaletteSearch/title-word p50-ms)
+[ -n "$ps" ] && echo "palette search over 10,000 tasks p50: ${ps} ms for a title word, $(metric BenchmarkPaletteSearch/key p50-ms) ms for a task key, $(metric BenchmarkPaletteSearch/no-match p50-ms) ms for no match (goal <= 20 ms)"
 sp1=$(metric BenchmarkSpoolSave/log=1KiB ms/save); sp2=$(metric BenchmarkSpoolSave/log=1024KiB ms/save)
 [ -n "$sp1" ] && echo "run outcome spool save (fsynced) per run end: ${sp1} ms (1 KiB log), ${sp2} ms (1 MiB log)"
 tm() { metric "BenchmarkTerminal$1" "$2"; }

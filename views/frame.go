@@ -2,6 +2,8 @@
 // page and the partials htmx swaps. Views take plain structs and never query.
 package views
 
+import "strings"
+
 // Frame is what every full page needs besides its own content.
 type Frame struct {
 	Title string
@@ -17,6 +19,10 @@ type Frame struct {
 	// Events is the page's GET /events URL (docs/live.md): the body subscribes to it and the
 	// page's live fragments re-fetch on its events; "" for a page that is not live.
 	Events string
+	// Help is the page's section of the documentation (/help/…), linked from the navigation.
+	Help string
+	// ProjectID is the project the page belongs to, if any: `g t` opens its tasks.
+	ProjectID string
 }
 
 // CompanyNav is the company a page belongs to, and the caller's standing in it.
@@ -36,6 +42,7 @@ type AssetURLs struct {
 	App     string
 	Favicon string
 	SSE     string // htmx's SSE extension (htmx-ext-sse)
+	Theme   string // js/theme.js: applies the chosen theme before the first paint (not deferred)
 }
 
 // NavItem is one entry of the top navigation.
@@ -45,17 +52,17 @@ type NavItem struct {
 	Href  string
 }
 
-// Nav is the top navigation: the dashboard, the company's sections on a company page (Leases
-// filtered to that company), and the instance admin's tools (River's job UI, unmanaged directories).
+// Nav is the section navigation: the dashboard, and on a company page the company's sections
+// (Leases filtered to that company); the instance admin's tools are AdminNav's.
 func Nav(f Frame) []NavItem {
 	items := []NavItem{{Key: "dashboard", Label: "Dashboard", Href: "/"}}
 	if c := f.Company; c != nil {
 		base := "/companies/" + c.ID
 		items = append(items,
-			NavItem{Key: "leases", Label: "Leases", Href: "/leases?company_id=" + c.ID},
 			NavItem{Key: "projects", Label: "Projects", Href: base},
 			NavItem{Key: "workspaces", Label: "Workspaces", Href: base + "/workspaces"},
 			NavItem{Key: "environments", Label: "Environments", Href: base + "/environments"},
+			NavItem{Key: "leases", Label: "Leases", Href: "/leases?company_id=" + c.ID},
 			NavItem{Key: "agents", Label: "Agents", Href: base + "/agents"},
 			NavItem{Key: "members", Label: "Members", Href: base + "/members"},
 			NavItem{Key: "audit", Label: "Audit", Href: base + "/audit"},
@@ -63,12 +70,64 @@ func Nav(f Frame) []NavItem {
 	} else {
 		items = append(items, NavItem{Key: "leases", Label: "Leases", Href: "/leases"})
 	}
-	if f.IsAdmin {
-		items = append(items,
-			NavItem{Key: "admin-jobs", Label: "Jobs", Href: "/admin/jobs"},
-			NavItem{Key: "admin-workspaces", Label: "Unmanaged dirs", Href: "/admin/workspaces"},
-			NavItem{Key: "admin-nodes", Label: "Nodes", Href: "/admin/nodes"},
-		)
-	}
 	return items
+}
+
+// AdminNav is the instance administrator's tools, one menu in the navigation: River's job UI,
+// unmanaged directories, nodes and source roots. Empty for everyone else.
+func AdminNav(f Frame) []NavItem {
+	if !f.IsAdmin {
+		return nil
+	}
+	return []NavItem{
+		{Key: "admin-jobs", Label: "Jobs", Href: "/admin/jobs"},
+		{Key: "admin-workspaces", Label: "Unmanaged dirs", Href: "/admin/workspaces"},
+		{Key: "admin-nodes", Label: "Nodes", Href: "/admin/nodes"},
+		{Key: "admin-source-roots", Label: "Source roots", Href: "/admin/source-roots"},
+	}
+}
+
+func adminActive(f Frame, items []NavItem) bool {
+	for _, it := range items {
+		if it.Key == f.Active {
+			return true
+		}
+	}
+	return false
+}
+
+// Shortcut is one `g <key>` keyboard shortcut: the page it opens.
+type Shortcut struct {
+	Key   string
+	Label string
+	Href  string
+}
+
+// Shortcuts are the `g` shortcuts of a page: those whose target exists from here (a company's
+// sections only inside a company, its tasks only inside a project).
+func Shortcuts(f Frame) []Shortcut {
+	out := []Shortcut{{Key: "d", Label: "Dashboard", Href: "/"}}
+	if c := f.Company; c != nil {
+		base := "/companies/" + c.ID
+		out = append(out, Shortcut{Key: "p", Label: "Projects", Href: base})
+		if f.ProjectID != "" {
+			out = append(out, Shortcut{Key: "t", Label: "Tasks of this project", Href: "/projects/" + f.ProjectID + "/tasks"})
+		}
+		out = append(out,
+			Shortcut{Key: "w", Label: "Workspaces", Href: base + "/workspaces"},
+			Shortcut{Key: "e", Label: "Environments", Href: base + "/environments"},
+			Shortcut{Key: "l", Label: "Leases", Href: "/leases?company_id=" + c.ID})
+	} else {
+		out = append(out, Shortcut{Key: "l", Label: "Leases", Href: "/leases"})
+	}
+	out = append(out, Shortcut{Key: "s", Label: "Settings", Href: "/settings"}, Shortcut{Key: "h", Label: "Help", Href: "/help"})
+	return out
+}
+
+// initial is the avatar letter of an email.
+func initial(email string) string {
+	for _, r := range email {
+		return strings.ToUpper(string(r))
+	}
+	return "?"
 }

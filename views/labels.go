@@ -229,6 +229,14 @@ var flashMessages = map[string]string{
 	"workspace_close":        "Close accepted: Berth is carrying it out; the steps appear under Operations.",
 	"workspace_open":         "The workspace is open.",
 	"workspace_reopen":       "Reopen accepted: Berth is rebuilding the workspace; the steps appear under Operations.",
+	"password_changed":       "Password changed. Your other sessions were signed out.",
+	"token_revoked":          "The token is revoked: it no longer works.",
+	"sessions_revoked":       "Your other sessions are signed out.",
+	"source_root_added":      "Source root added: board members may now use directories inside it.",
+	"source_root_removed":    "Source root removed.",
+	"request_approved":       "Request approved: the directory is a source root now.",
+	"request_dismissed":      "Request dismissed.",
+	"request_sent":           "Request sent: instance administrators see it on their Source roots page.",
 }
 
 // FlashMessage is the confirmation for a flash code; "" for none or an unknown code.

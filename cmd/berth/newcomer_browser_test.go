@@ -336,7 +336,8 @@ func TestBrowserNewcomerRoughEdges(t *testing.T) {
 	if _, stderr, err := runCLI(t, srv.Vars, "a long member password\n", "user", "add", "--email", "bob@example.com", "--company", "demo", "--role", "board"); err != nil {
 		t.Fatalf("user add: %v %s", err, stderr)
 	}
-	p.do("sign out", chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)), chromedp.WaitVisible(chromedp.CSS(`input[name=password]`)))
+	p.do("sign out", chromedp.Click(chromedp.CSS(`#account-menu summary`)), chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)),
+		chromedp.WaitVisible(chromedp.CSS(`input[name=password]`)))
 	signIn(t, ctx, srv.Base, "bob@example.com", "a long member password")
 	p.open(demo, `#new-workspace`)
 	p.eval(`document.querySelectorAll('details').forEach(d => d.open = true), true`)
@@ -348,6 +349,7 @@ func TestBrowserNewcomerRoughEdges(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#new-workspace button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#new-workspace .field-error`)),
 	)
-	p.has("the refusal", `#new-workspace`, "BERTH_SOURCE_ROOTS", "instance administrator")
+	p.has("the refusal", `#new-workspace`, "instance administrator")
+	p.has("the offer to ask for the directory", `#source-root-request`, "Ask to allow this directory")
 	p.lacks("the refusal", `#new-workspace`, "use a git URL")
 }

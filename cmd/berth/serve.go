@@ -199,7 +199,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	go func() { _ = listener.Run(ctx) }()
 	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
 		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events,
-		Nodes: node0.handlerNodes(), DialService: dialService, OnEnvironmentChange: egressState.Invalidate})
+		Nodes: node0.handlerNodes(), DialService: dialService, OnEnvironmentChange: egressState.Invalidate, HostChecks: hostChecks(deps0, *c)})
 	if err != nil {
 		return err
 	}
