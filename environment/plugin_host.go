@@ -303,3 +303,21 @@ func (w slogWriter) Write(p []byte) (int, error) {
 	w.log.Warn("plugin log", "plugin", w.plugin, "line", line)
 	return len(p), nil
 }
+
+// Kill ends cfg's plugin process as a crash would (SIGKILL); the next call starts it again. The
+// contract suite uses it to check the restart.
+func (h *PluginHost) Kill(cfg PluginConfig) {
+	h.mu.Lock()
+	p := h.procs[cfg.Name+"@"+cfg.SHA256]
+	h.mu.Unlock()
+	if p == nil {
+		return
+	}
+	if rc := p.client.ReattachConfig(); rc != nil && rc.Pid > 0 {
+		_ = syscall.Kill(rc.Pid, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for p.alive() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -56,9 +56,11 @@ func run(ctx context.Context, cmd *exec.Cmd, stdin []byte) ([]byte, error) {
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
-	if err := start(ctx, cmd); err != nil {
+	stop, err := start(ctx, cmd)
+	if err != nil {
 		return nil, err
 	}
+	defer stop()
 	if err := cmd.Wait(); err != nil {
 		msg := strings.TrimSpace(errOut.String())
 		if len(msg) > 2000 {
@@ -72,21 +74,14 @@ func run(ctx context.Context, cmd *exec.Cmd, stdin []byte) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
-// start starts cmd and kills its process group when ctx ends before it does.
-func start(ctx context.Context, cmd *exec.Cmd) error {
+// start starts cmd and kills its process group when ctx ends before the returned stop is called
+// (after cmd.Wait).
+func start(ctx context.Context, cmd *exec.Cmd) (stop func() bool, err error) {
 	if err := cmd.Start(); err != nil {
-		return err
+		return nil, err
 	}
-	go func() {
-		done := make(chan struct{})
-		go func() { _, _ = cmd.Process.Wait(); close(done) }()
-		select {
-		case <-ctx.Done():
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		case <-done:
-		}
-	}()
-	return nil
+	pid := cmd.Process.Pid
+	return context.AfterFunc(ctx, func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }), nil
 }
 
 // Probe checks that podman answers and can run the helper from the plugin.
@@ -117,8 +112,11 @@ func (s *server) Probe(ctx context.Context, req *driverpb.ProbeRequest) (*driver
 		check("helper", true, "the plugin is mounted into each container at "+helperPath)
 	}
 	r.Summary = "Podman runs containers (network " + set.Network + ")."
-	if !r.Ok {
-		r.Summary = "Podman probe failed."
+	for _, c := range r.Checks {
+		if c.Status == "fail" {
+			r.Summary = "Podman probe failed: " + c.Detail
+			break
+		}
 	}
 	return r, nil
 }
@@ -167,12 +165,12 @@ func (s *server) Acquire(ctx context.Context, req *driverpb.AcquireRequest) (*dr
 		if st := strings.TrimSpace(string(out)); st == "running" {
 			return &driverpb.AcquireResponse{Ref: name}, nil
 		}
-		_, _ = run(ctx, set.podmanCmd("rm", "-f", "-t", "0", name), nil) // a stopped leftover: start afresh
+		_, _ = run(ctx, set.podmanCmd("rm", "-f", "-v", "-t", "0", name), nil) // a stopped leftover: start afresh
 	}
 	args := []string{"run", "-d", "--name", name, "--label", "berth.key=" + req.Key, "--label", "berth.image=" + req.ImageDigest,
 		"--network", set.Network, "--workdir", "/workspace", "--pids-limit", strconv.Itoa(set.PidsMax),
 		"--stop-signal", "SIGTERM", "--stop-timeout", "5",
-		"-v", s.self + ":" + helperPath + ":ro", "--entrypoint", helperPath}
+		"-v", s.self + ":" + helperPath + ":ro", "-v", "/workspace", "--entrypoint", helperPath}
 	if set.MemoryMB > 0 {
 		args = append(args, "--memory", strconv.Itoa(set.MemoryMB)+"m")
 	}
@@ -197,7 +195,7 @@ func (s *server) Release(ctx context.Context, req *driverpb.ReleaseRequest) (*dr
 	if !strings.HasPrefix(req.Ref, "berth-") {
 		return nil, status.Error(codes.InvalidArgument, "release: not a container of this plugin")
 	}
-	if _, err := run(ctx, set.podmanCmd("rm", "-f", "-t", "2", "--ignore", req.Ref), nil); err != nil {
+	if _, err := run(ctx, set.podmanCmd("rm", "-f", "-v", "-t", "2", "--ignore", req.Ref), nil); err != nil {
 		return nil, status.Errorf(codes.Unknown, "release: %v", err)
 	}
 	s.mu.Lock()

@@ -73,16 +73,16 @@ func (s settings) podmanCmd(args ...string) *exec.Cmd {
 	return cmd
 }
 
-// ulimits are the container's file and process limits: the plugin's own hard limits (a container
-// may not be given more than the host process has, and podman's defaults are higher than some
-// hosts allow).
+// ulimits are the container's file and process limits: modest values at most the plugin's own
+// (podman's defaults are higher than some hosts let a container raise them to, and the podman
+// service may run with lower limits than the plugin; --pids-limit bounds processes anyway).
 func ulimits() []string {
 	var out []string
 	for _, l := range []struct {
 		name string
 		res  int
 		max  uint64
-	}{{"nofile", syscall.RLIMIT_NOFILE, 65536}, {"nproc", 6 /* RLIMIT_NPROC */, 65536}} {
+	}{{"nofile", syscall.RLIMIT_NOFILE, 16384}, {"nproc", 6 /* RLIMIT_NPROC */, 4096}} {
 		var r syscall.Rlimit
 		if err := syscall.Getrlimit(l.res, &r); err != nil {
 			continue

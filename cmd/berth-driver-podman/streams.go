@@ -235,9 +235,11 @@ func copyOut(ctx context.Context, set settings, ref, dir string) error {
 	}
 	var errOut tailWriter
 	cmd.Stderr = &errOut
-	if err := start(ctx, cmd); err != nil {
+	stop, err := start(ctx, cmd)
+	if err != nil {
 		return err
 	}
+	defer stop()
 	uerr := untar(out, dir, "workspace", false)
 	_, _ = io.Copy(io.Discard, out)
 	if err := cmd.Wait(); err != nil {
