@@ -114,7 +114,7 @@ func (d *pluginDriver) failed(ctx context.Context, p *pluginProc, what string, t
 	if ctx.Err() != nil {
 		return fmt.Errorf("%s: %w", what, ctx.Err())
 	}
-	st, _ := status.FromError(err)
+	st, isStatus := status.FromError(err)
 	switch {
 	case !p.alive() || st.Code() == codes.Unavailable:
 		d.host.forget(d.cfg, p)
@@ -127,6 +127,8 @@ func (d *pluginDriver) failed(ctx context.Context, p *pluginProc, what string, t
 		return fmt.Errorf("%s: driver_unavailable: plugin %s did not answer within %s: %w", what, d.cfg.Name, timeout, ErrDriverUnavailable)
 	case st.Code() == codes.InvalidArgument:
 		return fmt.Errorf("%s: %s: %w", what, pluginMessage(st.Message()), ErrInvalidRequest)
+	case !isStatus: // Berth's own verdict on what the plugin sent (a capsule that does not match)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return fmt.Errorf("%s: plugin %s: %s", what, d.cfg.Name, pluginMessage(st.Message()))
 }

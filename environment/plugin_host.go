@@ -140,7 +140,9 @@ func (h *PluginHost) start(ctx context.Context, cfg PluginConfig) (*pluginProc, 
 	want, _ := hex.DecodeString(sum)
 	cmd := exec.Command(file)
 	cmd.Dir = state
-	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=" + state, "TMPDIR=" + filepath.Join(state, "tmp"),
+	// TMPDIR stays the system's: go-plugin puts the plugin's socket there (in a 0700 directory of
+	// the plugin's own), and a socket path must stay short.
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME=" + state, "TMPDIR=/tmp",
 		"LANG=C.UTF-8", "BERTH_PLUGIN_STATE=" + state}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if id := h.opts.RunAs; id != nil {

@@ -179,14 +179,14 @@ func receiveCapsule(ctx context.Context, plugin string, recv func() (*driverpb.C
 	}
 	h := first.GetHeader()
 	if h == nil || len(h.Manifest) > maxManifestBytes {
-		return fmt.Errorf("plugin %s: the capsule stream must start with its manifest: %w", plugin, ErrCapsuleMismatch)
+		return fmt.Errorf("plugin %s sent a capsule stream without its manifest first: %w", plugin, ErrCapsuleMismatch)
 	}
 	var m workspace.Manifest
 	if err := json.Unmarshal(h.Manifest, &m); err != nil {
-		return fmt.Errorf("plugin %s: unreadable manifest: %w", plugin, ErrCapsuleMismatch)
+		return fmt.Errorf("plugin %s sent an unreadable manifest: %w", plugin, ErrCapsuleMismatch)
 	}
 	if got := m.Digest(); got != h.TreeDigest {
-		return fmt.Errorf("plugin %s: the manifest's digest is %s, the plugin claimed %s: %w", plugin, got, h.TreeDigest, ErrCapsuleMismatch)
+		return fmt.Errorf("plugin %s lied about the tree digest: the manifest's digest is %s, it claimed %s: %w", plugin, got, h.TreeDigest, ErrCapsuleMismatch)
 	}
 	pr, pw := io.Pipe()
 	imported := make(chan error, 1)
@@ -202,7 +202,7 @@ func receiveCapsule(ctx context.Context, plugin string, recv func() (*driverpb.C
 		msg, err := recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				err = fmt.Errorf("plugin %s: the capsule stream ended without its trailer: %w", plugin, ErrCapsuleMismatch)
+				err = fmt.Errorf("plugin %s ended the capsule stream without its trailer: %w", plugin, ErrCapsuleMismatch)
 			}
 			streamErr = err
 			break
@@ -216,14 +216,14 @@ func receiveCapsule(ctx context.Context, plugin string, recv func() (*driverpb.C
 		case *driverpb.CapsuleChunk_Trailer:
 			trailer = part.Trailer
 		default:
-			streamErr = fmt.Errorf("plugin %s: a second header in the capsule stream: %w", plugin, ErrCapsuleMismatch)
+			streamErr = fmt.Errorf("plugin %s sent a second header in the capsule stream: %w", plugin, ErrCapsuleMismatch)
 		}
 		if streamErr != nil {
 			break
 		}
 	}
 	if streamErr == nil && trailer.Sha256 != hex.EncodeToString(sum.Sum(nil)) {
-		streamErr = fmt.Errorf("plugin %s: the capsule's sha256 is %s, the plugin claimed %s: %w", plugin,
+		streamErr = fmt.Errorf("plugin %s lied about the capsule's sha256: it is %s, it claimed %s: %w", plugin,
 			hex.EncodeToString(sum.Sum(nil)), trailer.Sha256, ErrCapsuleMismatch)
 	}
 	if streamErr != nil {
@@ -234,7 +234,7 @@ func receiveCapsule(ctx context.Context, plugin string, recv func() (*driverpb.C
 	}
 	pw.Close()
 	if err := <-imported; err != nil {
-		return fmt.Errorf("plugin %s: %w: %w", plugin, err, ErrCapsuleMismatch)
+		return fmt.Errorf("plugin %s sent a capsule that does not match its manifest: %w: %w", plugin, err, ErrCapsuleMismatch)
 	}
 	return nil
 }

@@ -105,7 +105,9 @@ func receiveData(recv func() ([]byte, *driverpb.StreamTrailer, error), w io.Writ
 }
 
 // drain reads a client stream to its end, then answers.
-func drain(stream interface{ Recv() (*driverpb.ImageChunk, error) }, answer func() error) error {
+func drain(stream interface {
+	Recv() (*driverpb.ImageChunk, error)
+}, answer func() error) error {
 	for {
 		if _, err := stream.Recv(); err != nil {
 			if errors.Is(err, io.EOF) {
