@@ -47,6 +47,8 @@ BERTH_LOG_FORMAT (text or json), BERTH_NODE_ID (this process's node; default the
 BERTH_SOURCE_ROOTS (colon-separated directories board members may use as local sources),
 BERTH_METRICS_TOKEN (a bearer token that may read /metrics),
 BERTH_TRUSTED_PROXIES (comma-separated CIDRs of reverse proxies whose X-Forwarded-For is believed),
+BERTH_PLUGIN_DIR (where instance admins put environment plugins; plugins are off without it),
+BERTH_PLUGIN_STATE_DIR (the plugins' own files; default /var/lib/berth-plugins as root),
 BERTH_COPY_MAX_BYTES (default 2GiB) and BERTH_COPY_MAX_FILES (default 200000): the largest source
 a copy workspace may be made from
 `
