@@ -128,6 +128,10 @@ func Workers(d Deps) (*river.Workers, error) {
 	if err := river.AddWorkerSafely(w, &CaptureImageWorker{deps: d}); err != nil {
 		return nil, fmt.Errorf("jobs: register capture_image: %w", err)
 	}
+	// OCI images imported from the environment page (import_image.go).
+	if err := river.AddWorkerSafely(w, &ImportImageWorker{deps: d}); err != nil {
+		return nil, fmt.Errorf("jobs: register import_image: %w", err)
+	}
 	if err := river.AddWorkerSafely(w, &ExpireSetupSessionsWorker{deps: d}); err != nil {
 		return nil, fmt.Errorf("jobs: register expire_setup_sessions: %w", err)
 	}

@@ -37,6 +37,8 @@ commands:
   user add    create a user: --email E [--admin] [--company SLUG --role board|viewer] [--update]; password on stdin
   token add   print a new API token for a user: --email E [--name N]
   receipt verify FILE   check a run receipt's signature, then its digests against what still exists
+  image import ENV SOURCE   turn an OCI image (layout dir or tar, docker save tarball, registry
+                        reference) into the environment's next image version [--activate]
   plugin test PATH      run the driver protocol's contract suite against a plugin executable
                         [--settings JSON] [--image DIR]
   version     print the version
@@ -79,6 +81,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return receiptCmd(ctx, rest, getenv, stdout, stderr)
 	case "plugin":
 		return pluginCmd(ctx, rest, stdout, stderr)
+	case "image":
+		return imageCmd(ctx, rest, getenv, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "berth", version)
 		return nil
