@@ -208,4 +208,3 @@ func TestPluginSyncRefusesALyingCapsule(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
-

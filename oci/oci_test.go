@@ -33,8 +33,10 @@ type entry struct {
 	mode             int64
 }
 
-func file(name, body string) entry { return entry{name: name, body: body, typ: tar.TypeReg, mode: 0o644} }
-func dir(name string) entry        { return entry{name: name, typ: tar.TypeDir, mode: 0o755} }
+func file(name, body string) entry {
+	return entry{name: name, body: body, typ: tar.TypeReg, mode: 0o644}
+}
+func dir(name string) entry { return entry{name: name, typ: tar.TypeDir, mode: 0o755} }
 
 // layerOf builds a layer from entries, in the order given.
 func layerOf(t *testing.T, entries ...entry) v1.Layer {
