@@ -16,7 +16,10 @@ import (
 
 // testPlugin builds the test plugin (plugincheck/testplugin) as dir/name, mode 0755, and returns
 // its sha256.
-func testPlugin(t *testing.T, dir, name string) string {
+func testPlugin(t *testing.T, dir, name string) string { return testPluginB(t, dir, name) }
+
+// testPluginB is testPlugin for tests and benchmarks.
+func testPluginB(t testing.TB, dir, name string) string {
 	t.Helper()
 	out := filepath.Join(dir, name)
 	if b, err := exec.Command("go", "build", "-o", out, "./plugincheck/testplugin").CombinedOutput(); err != nil {

@@ -67,7 +67,7 @@ func Flatten(ctx context.Context, img v1.Image, dst string, lim Limits) (Result,
 		return Result{}, fmt.Errorf("flatten: %w", err)
 	}
 	defer root.Close()
-	f := &flattener{root: root, lim: lim, res: Result{Digest: d.String()}, sizes: map[string]int64{}}
+	f := &flattener{root: root, lim: lim, res: Result{Digest: d.String()}, sizes: map[string]int64{}, dirs: map[string]bool{}}
 	for i, l := range layers {
 		rc, err := l.Uncompressed()
 		if err != nil {
@@ -94,6 +94,9 @@ type flattener struct {
 	total int64            // bytes written over all layers (bounded by MaxBytes)
 	// this layer's own entries, which an opaque whiteout in the same layer keeps
 	mine map[string]bool
+	// dirs are directories known to exist (as directories) since the last removal: their
+	// entries skip the walk that checks the parents.
+	dirs map[string]bool
 }
 
 // layer applies one layer's tar stream.
@@ -186,6 +189,9 @@ func (f *flattener) entry(tr *tar.Reader, h *tar.Header, name string) error {
 			return err
 		}
 		f.sizes[name] = n
+		if mode == mode&0o755|0o600 { // OpenFile made it with exactly these bits (the umask only drops 0o022)
+			return nil
+		}
 		return unsafeErr(name, f.root.Chmod(name, mode))
 	case tar.TypeSymlink:
 		if strings.ContainsRune(h.Linkname, 0) {
@@ -220,13 +226,14 @@ func (f *flattener) entry(tr *tar.Reader, h *tar.Header, name string) error {
 // inside the root, as an image's /lib → usr/lib does).
 func (f *flattener) parents(name string) error {
 	dir := path.Dir(name)
-	if dir == "." {
+	if dir == "." || f.dirs[dir] {
 		return nil
 	}
 	if fi, err := f.root.Stat(dir); err == nil {
 		if !fi.IsDir() {
 			return fmt.Errorf("%s: its parent is not a directory: %w", name, ErrUnsafe)
 		}
+		f.dirs[dir] = true
 		return nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return unsafeErr(name, err)
@@ -235,7 +242,8 @@ func (f *flattener) parents(name string) error {
 		return err
 	}
 	err := f.root.Mkdir(dir, 0o755)
-	if errors.Is(err, fs.ErrExist) {
+	if err == nil || errors.Is(err, fs.ErrExist) {
+		f.dirs[dir] = true
 		return nil
 	}
 	return unsafeErr(name, err)
@@ -247,6 +255,7 @@ func (f *flattener) remove(name string) error {
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
+	clear(f.dirs) // what was known to be a directory may be gone or replaced now
 	if err != nil {
 		return unsafeErr(name, err)
 	}
@@ -297,6 +306,7 @@ func (f *flattener) clearBelow(dir string) error {
 			}
 		}
 		f.forget(child)
+		clear(f.dirs)
 		if err := f.root.RemoveAll(child); err != nil {
 			return unsafeErr(child, err)
 		}

@@ -39,7 +39,7 @@ func file(name, body string) entry {
 func dir(name string) entry { return entry{name: name, typ: tar.TypeDir, mode: 0o755} }
 
 // layerOf builds a layer from entries, in the order given.
-func layerOf(t *testing.T, entries ...entry) v1.Layer {
+func layerOf(t testing.TB, entries ...entry) v1.Layer {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -60,7 +60,12 @@ func layerOf(t *testing.T, entries ...entry) v1.Layer {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b := buf.Bytes()
+	return layerFromBytes(t, buf.Bytes())
+}
+
+// layerFromBytes is a layer whose uncompressed tar is b.
+func layerFromBytes(t testing.TB, b []byte) v1.Layer {
+	t.Helper()
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +73,7 @@ func layerOf(t *testing.T, entries ...entry) v1.Layer {
 	return l
 }
 
-func imageOf(t *testing.T, layers ...v1.Layer) v1.Image {
+func imageOf(t testing.TB, layers ...v1.Layer) v1.Image {
 	t.Helper()
 	img, err := mutate.AppendLayers(empty.Image, layers...)
 	if err != nil {
