@@ -19,7 +19,7 @@ import (
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
+var version = "0.1.0"
 
 func main() {
 	if len(os.Args) > 1 {

@@ -28,7 +28,7 @@ func BenchmarkPodmanAdmissionToStart(b *testing.B) {
 	}
 	sock := plugintest.Podman(b, runAs)
 	dir := plugintest.Dir(b)
-	sum := plugintest.Build(b, ".", dir, "berth-driver-podman")
+	sum := plugintest.Build(b, "./cmd/berth-driver-podman", dir, "berth-driver-podman")
 	image := filepath.Join(plugintest.Dir(b), "image")
 	if err := plugincheck.MinimalImage(image); err != nil {
 		b.Fatal(err)
