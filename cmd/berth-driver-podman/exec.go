@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,5 +176,3 @@ func (s *server) Cancel(_ context.Context, req *driverpb.CancelRequest) (*driver
 	}
 	return &driverpb.CancelResponse{}, nil
 }
-
-var _ = fmt.Sprintf

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -216,6 +215,3 @@ func checkRef(ref string) error {
 func errorf(format string, args ...any) error { return status.Errorf(codes.Unknown, format, args...) }
 
 var errShortStream = errors.New("the stream ended early")
-
-// since is a short duration for messages.
-func since(t time.Time) string { return time.Since(t).Round(time.Millisecond).String() }

@@ -296,5 +296,3 @@ func (t *tailWriter) Write(p []byte) (int, error) {
 }
 
 func (t *tailWriter) String() string { return string(t.b) }
-
-var _ = context.Background

@@ -5,7 +5,6 @@
 package plugincheck
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -193,5 +192,3 @@ func contains(out string, want ...string) bool {
 	}
 	return true
 }
-
-var _ = bytes.MinRead
