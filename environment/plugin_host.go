@@ -61,8 +61,15 @@ type PluginHost struct {
 	opts PluginHostOptions
 
 	mu     sync.Mutex
-	procs  map[string]*pluginProc // by name + "@" + sha256
+	slots  map[string]*pluginSlot // by name + "@" + sha256
 	closed bool
+}
+
+// pluginSlot holds one plugin's process; its lock is held while the process starts, so a plugin
+// that is slow to start (or never answers) delays only its own callers.
+type pluginSlot struct {
+	mu sync.Mutex
+	p  *pluginProc
 }
 
 // NewPluginHost makes a host for plugins under opts.Dir.
@@ -70,7 +77,7 @@ func NewPluginHost(opts PluginHostOptions) *PluginHost {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &PluginHost{opts: opts, procs: map[string]*pluginProc{}}
+	return &PluginHost{opts: opts, slots: map[string]*pluginSlot{}}
 }
 
 // PluginInfo is what a running plugin says about itself.
@@ -98,26 +105,42 @@ func (h *PluginHost) proc(ctx context.Context, cfg PluginConfig) (*pluginProc, e
 	if h == nil || h.opts.Dir == "" {
 		return nil, fmt.Errorf("plugins are not enabled on this node (set BERTH_PLUGIN_DIR): %w", ErrDriverUnavailable)
 	}
-	key := cfg.Name + "@" + cfg.SHA256
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return nil, fmt.Errorf("plugin %s: the host is shutting down: %w", cfg.Name, ErrDriverUnavailable)
+	slot, err := h.slot(cfg)
+	if err != nil {
+		return nil, err
 	}
-	if p := h.procs[key]; p != nil {
+	slot.mu.Lock()
+	defer slot.mu.Unlock()
+	if p := slot.p; p != nil {
 		if p.alive() {
 			return p, nil
 		}
 		h.opts.Log.Warn("plugin exited; restarting it", "plugin", cfg.Name)
 		p.client.Kill()
-		delete(h.procs, key)
+		slot.p = nil
 	}
 	p, err := h.start(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	h.procs[key] = p
+	slot.p = p
 	return p, nil
+}
+
+// slot is cfg's plugin slot, made on first use.
+func (h *PluginHost) slot(cfg PluginConfig) (*pluginSlot, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, fmt.Errorf("plugin %s: the host is shutting down: %w", cfg.Name, ErrDriverUnavailable)
+	}
+	key := cfg.Name + "@" + cfg.SHA256
+	s := h.slots[key]
+	if s == nil {
+		s = &pluginSlot{}
+		h.slots[key] = s
+	}
+	return s, nil
 }
 
 // start verifies the plugin file and runs it.
@@ -260,12 +283,13 @@ func (h *PluginHost) Info(ctx context.Context, cfg PluginConfig) (PluginInfo, er
 
 // forget drops p if it is still cfg's process and kills it, so the next call starts a new one.
 func (h *PluginHost) forget(cfg PluginConfig, p *pluginProc) {
-	key := cfg.Name + "@" + cfg.SHA256
-	h.mu.Lock()
-	if h.procs[key] == p {
-		delete(h.procs, key)
+	if slot, err := h.slot(cfg); err == nil {
+		slot.mu.Lock()
+		if slot.p == p {
+			slot.p = nil
+		}
+		slot.mu.Unlock()
 	}
-	h.mu.Unlock()
 	p.client.Kill()
 }
 
@@ -275,11 +299,15 @@ func (h *PluginHost) Close() error {
 		return nil
 	}
 	h.mu.Lock()
-	procs := h.procs
-	h.procs, h.closed = map[string]*pluginProc{}, true
+	slots := h.slots
+	h.slots, h.closed = map[string]*pluginSlot{}, true
 	h.mu.Unlock()
-	for _, p := range procs {
-		p.client.Kill()
+	for _, s := range slots {
+		s.mu.Lock()
+		if s.p != nil {
+			s.p.client.Kill()
+		}
+		s.mu.Unlock()
 	}
 	return nil
 }
@@ -309,9 +337,13 @@ func (w slogWriter) Write(p []byte) (int, error) {
 // Kill ends cfg's plugin process as a crash would (SIGKILL); the next call starts it again. The
 // contract suite uses it to check the restart.
 func (h *PluginHost) Kill(cfg PluginConfig) {
-	h.mu.Lock()
-	p := h.procs[cfg.Name+"@"+cfg.SHA256]
-	h.mu.Unlock()
+	slot, err := h.slot(cfg)
+	if err != nil {
+		return
+	}
+	slot.mu.Lock()
+	p := slot.p
+	slot.mu.Unlock()
 	if p == nil {
 		return
 	}

@@ -160,12 +160,6 @@ func (s *server) Acquire(ctx context.Context, req *driverpb.AcquireRequest) (*dr
 		return &driverpb.AcquireResponse{NeedImage: true}, nil
 	}
 	name := containerName(req.Key)
-	if out, err := run(ctx, set.podmanCmd("container", "inspect", "--format", "{{.State.Status}}", name), nil); err == nil {
-		if st := strings.TrimSpace(string(out)); st == "running" {
-			return &driverpb.AcquireResponse{Ref: name}, nil
-		}
-		_, _ = run(ctx, set.podmanCmd("rm", "-f", "-v", "-t", "0", name), nil) // a stopped leftover: start afresh
-	}
 	args := []string{"run", "-d", "--name", name, "--label", "berth.key=" + req.Key, "--label", "berth.image=" + req.ImageDigest,
 		"--network", set.Network, "--workdir", "/workspace", "--pids-limit", strconv.Itoa(set.PidsMax),
 		"--stop-signal", "SIGTERM", "--stop-timeout", "5",
@@ -178,7 +172,17 @@ func (s *server) Acquire(ctx context.Context, req *driverpb.AcquireRequest) (*dr
 	}
 	args = append(args, ulimits()...)
 	args = append(args, "--rootfs", rootfs+":O", "pause")
-	if _, err := run(ctx, set.podmanCmd(args...), nil); err != nil {
+	// A new key (the common case) costs one podman call; a retry finds its container by name.
+	_, err = run(ctx, set.podmanCmd(args...), nil)
+	if err != nil && strings.Contains(err.Error(), "already in use") {
+		out, ierr := run(ctx, set.podmanCmd("container", "inspect", "--format", "{{.State.Status}}", name), nil)
+		if ierr == nil && strings.TrimSpace(string(out)) == "running" {
+			return &driverpb.AcquireResponse{Ref: name}, nil
+		}
+		_, _ = run(ctx, set.podmanCmd("rm", "-f", "-v", "-t", "0", name), nil) // a stopped leftover: start afresh
+		_, err = run(ctx, set.podmanCmd(args...), nil)
+	}
+	if err != nil {
 		return nil, status.Errorf(codes.Unknown, "acquire: %v", err)
 	}
 	return &driverpb.AcquireResponse{Ref: name}, nil
