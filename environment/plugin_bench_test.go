@@ -19,7 +19,7 @@ import (
 // is reported for scale.
 func BenchmarkPluginExec(b *testing.B) {
 	ctx := context.Background()
-	dir, state := workDir(b), workDir(b)
+	dir, state := pluginDir(b), pluginDir(b)
 	sum := benchPlugin(b, dir)
 	runAs, err := PluginRunAs(ctx)
 	if err != nil {

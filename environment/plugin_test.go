@@ -36,6 +36,21 @@ func testPluginB(t testing.TB, dir, name string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// pluginDir is a fresh 0755 directory below /var/tmp: plugins run as the plugin user, which must
+// reach their executable and state.
+func pluginDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("/var/tmp", "berth-plugin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	if err := os.Chmod(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // pluginWorld is a plugin dir with one test plugin, a host and a driver for it.
 type pluginWorld struct {
 	dir, state string
@@ -46,7 +61,7 @@ type pluginWorld struct {
 
 func newPluginWorld(t *testing.T, name string) *pluginWorld {
 	t.Helper()
-	w := &pluginWorld{dir: workDir(t), state: workDir(t)}
+	w := &pluginWorld{dir: pluginDir(t), state: pluginDir(t)}
 	sum := testPlugin(t, w.dir, name)
 	var err error
 	if w.runAs, err = PluginRunAs(context.Background()); err != nil {
