@@ -7,7 +7,7 @@ LDFLAGS := -X main.version=$(VERSION)
 DATA_DIR ?= $(CURDIR)/.berth
 GO_TEST_FLAGS ?=
 
-.PHONY: help run build test deps assets generate verify lint bench soak clean
+.PHONY: help run build test deps assets generate proto verify lint bench soak clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ test: deps verify ## Install what the tests need, run verify, then every test wi
 
 generate: ## Regenerate templ output (commit the result)
 	go tool templ generate -path views
+
+proto: ## Regenerate the driver protocol's Go code from environment/driverpb/driver.proto (needs protoc)
+	./scripts/gen-proto.sh
 
 verify: assets ## Check go.mod is tidy, generated code is fresh, gofmt is clean and go vet passes
 	@go mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result"; exit 1; }

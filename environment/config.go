@@ -12,10 +12,13 @@ const (
 	DriverLocal   = "local"
 	DriverSSH     = "ssh"
 	DriverSandbox = "sandbox"
+	// DriverPlugin is a driver outside Berth's binary: an executable under BERTH_PLUGIN_DIR that
+	// speaks the driver protocol (docs/plugins.md), pinned by its sha256.
+	DriverPlugin = "plugin"
 )
 
 // Drivers lists every driver in the order people choose from them.
-func Drivers() []string { return []string{DriverLocal, DriverSSH, DriverSandbox} }
+func Drivers() []string { return []string{DriverLocal, DriverSSH, DriverSandbox, DriverPlugin} }
 
 // ValidDriver reports whether driver is one Berth knows.
 func ValidDriver(driver string) bool { return slices.Contains(Drivers(), driver) }
@@ -56,6 +59,7 @@ type Config struct {
 	Masks   []string
 	SSH     SSHConfig
 	Sandbox SandboxConfig
+	Plugin  PluginConfig
 	Env     []EnvVar
 	// MaxParallelRuns is the environment's capacity: how many runs may hold a lease on it at once
 	// (0: no bound beyond the workers). Runs past it wait in the queue (jobs/provision.go).
@@ -130,6 +134,8 @@ func allowedKeys(driver string) []string {
 		return []string{"containment", "mask", "env", "max_parallel_runs", "egress"}
 	case DriverSandbox:
 		return []string{"network", "setup_network", "memory_mb", "cpus", "pids_max", "timeout_s", "env", "max_parallel_runs", "egress"}
+	case DriverPlugin:
+		return []string{"plugin", "sha256", "settings", "timeout_s", "env", "max_parallel_runs"}
 	default:
 		return []string{"env", "max_parallel_runs"}
 	}

@@ -68,6 +68,8 @@ func (c Config) doc() any {
 	case DriverSSH:
 		return sshDoc{Host: c.SSH.Host, Port: c.SSH.Port, User: c.SSH.User, HostKey: c.SSH.HostKey, BaseDir: c.SSH.BaseDir, Env: env,
 			MaxParallelRuns: c.MaxParallelRuns}
+	case DriverPlugin:
+		return pluginDocOf(c, env)
 	case DriverSandbox:
 		s := c.Sandbox
 		return sandboxDoc{Network: s.Network, SetupNetwork: s.SetupNetwork, MemoryMB: s.MemoryMB, CPUs: s.CPUs,
@@ -138,6 +140,10 @@ func Load(driver string, doc []byte) (Config, error) {
 			CPUs: d.CPUs, PidsMax: d.PidsMax, TimeoutS: d.TimeoutS}
 		env, c.MaxParallelRuns = d.Env, d.MaxParallelRuns
 		c.Egress = d.Egress.config(DriverSandbox, d.Network)
+	case DriverPlugin:
+		var d pluginDoc
+		err = strictUnmarshal(doc, &d)
+		c.Plugin, env, c.MaxParallelRuns = d.config(), d.Env, d.MaxParallelRuns
 	default:
 		err = fmt.Errorf("unknown driver %q", driver)
 	}

@@ -52,12 +52,14 @@ func Parse(driver string, raw []byte, stored *Secrets) (Config, Secrets, FieldEr
 	case DriverSandbox:
 		c.Sandbox = p.sandbox()
 		c.Egress = p.egress(driver, c.Sandbox.Network)
+	case DriverPlugin:
+		c.Plugin = p.plugin()
 	}
 	c.Env, sec.Env = p.env(stored)
-	if driver == DriverSSH {
+	if driver == DriverSSH || driver == DriverPlugin {
 		for i, v := range c.Env {
 			if v.Inject != nil {
-				errs[fmt.Sprintf("env[%d].inject", i)] = "an ssh host reaches the network itself: Berth's egress proxy cannot inject there"
+				errs[fmt.Sprintf("env[%d].inject", i)] = "an " + driver + " environment reaches the network itself: Berth's egress proxy cannot inject there"
 			}
 		}
 	}

@@ -180,7 +180,7 @@ type Options struct {
 	// traversable for the run user, and never touches modes anywhere else.
 	DataDir string
 	// ImageDir is the host directory of a sandbox environment's active image layer, mounted at
-	// /opt/image.
+	// /opt/image; for a plugin environment, the layer sent to the plugin when it lacks it.
 	ImageDir string
 	// Networks are this node's workspace network namespaces (package netns); nil when Berth is
 	// not root, and then a jail that wants a network has the host's (docs/network.md).
@@ -188,6 +188,10 @@ type Options struct {
 	// CABundle, for an environment whose credentials the egress proxy injects, is the host path
 	// of the certificate bundle its jails trust (the system's roots and Berth's egress CA).
 	CABundle string
+	// ImageDigest is the active image version's digest (plugin environments name it in Acquire).
+	ImageDigest string
+	// Plugins runs the plugin processes of plugin environments (nil: plugins are off on this node).
+	Plugins *PluginHost
 }
 
 // New returns the driver for an environment's configuration.
@@ -199,6 +203,8 @@ func New(cfg Config, opts Options) (Driver, error) {
 		return newSandbox(cfg, opts)
 	case DriverSSH:
 		return newSSH(cfg, opts)
+	case DriverPlugin:
+		return newPlugin(cfg, opts)
 	default:
 		return nil, fmt.Errorf("new driver: unknown driver %q: %w", cfg.Driver, ErrDriverUnavailable)
 	}

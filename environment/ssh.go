@@ -127,11 +127,15 @@ func newSSH(cfg Config, opts Options) (*sshDriver, error) {
 }
 
 // Remote reports whether d runs commands on another machine: its copy of the workspace must be
-// realized there before commands and synced back before finalize reads it (the ssh driver).
+// realized there before commands and synced back before finalize reads it (the ssh driver and
+// plugins).
 func Remote(d Driver) bool {
-	_, ok := d.(*sshDriver)
+	_, ok := d.(interface{ remoteInstances() })
 	return ok
 }
+
+// remoteInstances marks the ssh driver as Remote.
+func (d *sshDriver) remoteInstances() {}
 
 // Close drops every connection the driver holds (remote workspaces stay until Release). A driver
 // is built per job; the job closes it when it is done.

@@ -28,7 +28,9 @@ type environmentFormValues struct {
 	TimeoutS                string
 	MaxParallelRuns         string // every driver
 	Env, SecretEnv          string
-	plainCount              int // env entries that came from the Env field, for mapping errors back
+	// Plugin, PluginSHA256 and PluginSettings are a plugin environment's (settings as JSON text).
+	Plugin, PluginSHA256, PluginSettings string
+	plainCount                           int // env entries that came from the Env field, for mapping errors back
 }
 
 // readEnvironmentForm reads a submitted form (at most 1 MiB); a server-owned field is a 400.
@@ -49,6 +51,7 @@ func readEnvironmentForm(w http.ResponseWriter, r *http.Request) (environmentFor
 		SandboxFields: v("sandbox_fields") != "", Network: v("network") != "", SetupNet: v("setup_network") != "",
 		MemoryMB: v("memory_mb"), CPUs: v("cpus"), PidsMax: v("pids_max"), TimeoutS: v("timeout_s"),
 		MaxParallelRuns: v("max_parallel_runs"), Env: v("env"), SecretEnv: v("secret_env"),
+		Plugin: v("plugin"), PluginSHA256: v("sha256"), PluginSettings: v("settings"),
 	}, nil
 }
 
@@ -87,6 +90,16 @@ func (f *environmentFormValues) input() (environmentInput, map[string]string) {
 		envFormNumber(cfg, "memory_mb", f.MemoryMB)
 		envFormNumber(cfg, "cpus", f.CPUs)
 		envFormNumber(cfg, "pids_max", f.PidsMax)
+		envFormNumber(cfg, "timeout_s", f.TimeoutS)
+	case environment.DriverPlugin:
+		cfg["plugin"], cfg["sha256"] = strings.TrimSpace(f.Plugin), strings.TrimSpace(f.PluginSHA256)
+		if t := strings.TrimSpace(f.PluginSettings); t != "" {
+			if json.Valid([]byte(t)) {
+				cfg["settings"] = json.RawMessage(t)
+			} else {
+				fields["settings"] = "must be a JSON object, such as {\"socket\": \"/run/podman/podman.sock\"}"
+			}
+		}
 		envFormNumber(cfg, "timeout_s", f.TimeoutS)
 	}
 	envFormNumber(cfg, "max_parallel_runs", f.MaxParallelRuns)
@@ -171,6 +184,7 @@ func (f environmentFormValues) refill(form views.EnvironmentForm, errs map[strin
 	}
 	form.MemoryMB, form.CPUs, form.PidsMax, form.TimeoutS = f.MemoryMB, f.CPUs, f.PidsMax, f.TimeoutS
 	form.MaxParallelRuns = f.MaxParallelRuns
+	form.Plugin, form.PluginSHA256, form.PluginSettings = f.Plugin, f.PluginSHA256, f.PluginSettings
 	form.Env = f.Env
 	var names []string
 	typedValues := false

@@ -80,10 +80,12 @@ func (s *Server) environmentView(ctx context.Context, a access, env db.Environme
 		return views.EnvironmentDetail{}, err
 	}
 	var images views.EnvironmentImages
-	if env.Driver == environment.DriverSandbox {
+	if env.Driver == environment.DriverSandbox || env.Driver == environment.DriverPlugin {
 		if images, err = s.envImageVersionsView(ctx, env.CompanyID, env.ID); err != nil {
 			return views.EnvironmentDetail{}, err
 		}
+		images.Setup = env.Driver == environment.DriverSandbox // setup sessions build sandbox layers
+		images.CanImport = a.Admin && s.jobs != nil
 	}
 	d := views.EnvironmentDetail{ID: env.ID, CompanyID: env.CompanyID, Name: env.Name, Driver: env.Driver,
 		Status: env.Status, CreatedAt: env.CreatedAt, UpdatedAt: env.UpdatedAt, Settings: environmentSettingsView(cfg, images.Active),
@@ -138,9 +140,26 @@ func driverSettingsView(c environment.Config, activeImage string) []views.Enviro
 			{Label: "Time limit", Value: strconv.Itoa(sb.TimeoutS) + " s"},
 			envActiveImageSetting(activeImage),
 		}
+	case environment.DriverPlugin:
+		pc := c.Plugin
+		return []views.EnvironmentSetting{
+			{Label: "Plugin", Value: pc.Name, Mono: true, Hint: "An executable in BERTH_PLUGIN_DIR; the probe names its version."},
+			{Label: "SHA-256 pin", Value: pc.SHA256, Mono: true, Hint: "Berth refuses to run the file when its digest differs."},
+			{Label: "Plugin settings", Value: string(pc.Settings), Mono: true},
+			{Label: "Time limit", Value: strconv.Itoa(pc.TimeoutS) + " s"},
+			envPluginImageSetting(activeImage),
+		}
 	default:
 		return []views.EnvironmentSetting{{Label: "Runs on", Value: "this machine, as the user Berth runs as"}}
 	}
+}
+
+// envPluginImageSetting is a plugin environment's active image line.
+func envPluginImageSetting(active string) views.EnvironmentSetting {
+	if active == "" {
+		return views.EnvironmentSetting{Label: "Active image", Value: "none", Hint: "Import an OCI image below; the plugin runs leases from it."}
+	}
+	return views.EnvironmentSetting{Label: "Active image", Value: active, Mono: true, Hint: "Sent to the plugin, which runs each lease from it."}
 }
 
 // envActiveImageSetting is the sandbox's active image line.
@@ -198,6 +217,7 @@ func setEnvironmentFormDriver(f *views.EnvironmentForm, driver string) {
 	f.Host, f.Port, f.User, f.HostKey, f.KeySet = "", "", "", "", false
 	f.Network, f.SetupNet = false, true
 	f.MemoryMB, f.CPUs, f.PidsMax, f.TimeoutS = "", "", "", ""
+	f.Plugin, f.PluginSHA256, f.PluginSettings = "", "", ""
 }
 
 // editEnvironmentForm is the edit form filled from the stored config; for another driver
@@ -232,6 +252,9 @@ func editEnvironmentForm(env db.Environment, cfg environment.Config, driver stri
 		f.Network, f.SetupNet = sb.Network, sb.SetupNetwork
 		f.MemoryMB, f.CPUs = strconv.Itoa(sb.MemoryMB), strconv.FormatFloat(sb.CPUs, 'f', -1, 64)
 		f.PidsMax, f.TimeoutS = strconv.Itoa(sb.PidsMax), strconv.Itoa(sb.TimeoutS)
+	case environment.DriverPlugin:
+		f.Plugin, f.PluginSHA256, f.PluginSettings = cfg.Plugin.Name, cfg.Plugin.SHA256, string(cfg.Plugin.Settings)
+		f.TimeoutS = strconv.Itoa(cfg.Plugin.TimeoutS)
 	}
 	return f
 }

@@ -121,6 +121,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// Custom images: activate (rollback), setup sessions and their terminal (instance admins;
 	// setup_sessions*.go). The WebSocket authenticates by its first frame's terminal token.
 	mux.Handle("POST /api/environments/{id}/image-versions/{n}/activate", s.api(s.apiActivateImageVersion))
+	mux.Handle("POST /api/environments/{id}/image-imports", s.api(s.apiImportImage))
 	mux.Handle("POST /api/environments/{id}/image-setup-sessions", s.api(s.apiStartSetupSession))
 	mux.Handle("GET /api/image-setup-sessions/{id}", s.api(s.apiGetSetupSession))
 	mux.Handle("POST /api/image-setup-sessions/{id}/finish", s.api(s.apiFinishSetupSession))
@@ -136,6 +137,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /environments/{id}/unarchive", s.page(s.unarchiveEnvironmentForm))
 	mux.Handle("POST /environments/{id}/probe", s.page(s.probeEnvironmentForm))
 	mux.Handle("POST /environments/{id}/image-versions/{n}/activate", s.page(s.activateImageVersionForm))
+	mux.Handle("POST /environments/{id}/image-imports", s.page(s.importImageForm))
 	mux.Handle("POST /environments/{id}/image-setup-sessions", s.page(s.startSetupSessionForm))
 	mux.Handle("GET /image-setup-sessions/{id}", s.page(s.setupSessionPage))
 	mux.Handle("POST /image-setup-sessions/{id}/finish", s.page(s.endSetupSessionForm(true)))

@@ -87,6 +87,8 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 				code = codeHostKeyMismatch
 			case errors.Is(err, db.ErrFenced):
 				code = codeLeaseLost
+			case errors.Is(err, environment.ErrDriverUnavailable):
+				code = codeDriverUnavailable
 			}
 			return w.failRun(ctx, run, db.RunFailed, code, "Preparing the remote workspace failed: "+err.Error())
 		}
@@ -169,6 +171,10 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 		status, code, msg = db.RunCancelled, "cancelled", "The run was cancelled before its command started."
 	case execErr != nil && res.Started.IsZero():
 		status, code, msg = db.RunFailed, codeExecutorFailure, "The command could not start: "+execErr.Error()
+	case errors.Is(execErr, environment.ErrDriverUnavailable) && !res.Started.IsZero():
+		// A plugin that crashed mid-command: its instance is settled like a dead node's work
+		// (finalize releases the lease; cleanup runs on the restarted plugin).
+		status, code, msg = db.RunFailed, codeDriverUnavailable, "The environment's driver stopped while the command ran: "+execErr.Error()
 	case errors.Is(execErr, environment.ErrNotGone):
 		status, code, msg = db.RunFailed, "processes_survived", "Some of the command's processes survived SIGKILL."
 	case res.TimedOut:
@@ -209,6 +215,9 @@ func runLogOf(s environment.LogSnapshot) db.RunLog {
 
 // codeHostKeyMismatch fails a run on an ssh host whose key is not the pinned one.
 const codeHostKeyMismatch = "host_key_mismatch"
+
+// codeDriverUnavailable fails a run whose plugin crashed or stopped answering.
+const codeDriverUnavailable = "driver_unavailable"
 
 // realizeRemote acquires the lease's instance on a remote driver (one per lease generation),
 // records it in the lease row so finalize and cleanup find it after a crash, and uploads the

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/riverqueue/river"
 
@@ -154,13 +153,10 @@ func (w *FinalizeWorker) collect(ctx context.Context, run db.Run, ws db.Executio
 	return nil
 }
 
-// remoteInstance is the instance a lease occupies on a remote (ssh) host, as execute_run recorded
-// it; ok is false for leases of this host's drivers.
+// remoteInstance is the instance a lease occupies on a remote driver (an ssh host or a plugin's),
+// as execute_run recorded it; ok is false for leases of this host's drivers.
 func remoteInstance(lease db.Lease) (environment.Instance, bool) {
-	if !strings.HasPrefix(lease.ProviderRef, environment.DriverSSH+":") {
-		return environment.Instance{}, false
-	}
-	return environment.Instance{Driver: environment.DriverSSH, Ref: lease.ProviderRef}, true
+	return environment.RemoteInstance(lease.ProviderRef)
 }
 
 // releaseRemote stops what is left of the lease's commands on its remote host, removes the

@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"berth/db"
+	"berth/environment"
 	"berth/environment/jail"
 	"berth/environment/netns"
 	"berth/workspace"
@@ -62,6 +63,9 @@ type Deps struct {
 	// Admission, when set, observes each run's wait from its creation to the start of its
 	// command, in seconds, as the run starts (berth_run_admission_to_start_seconds on /metrics).
 	Admission Observer
+	// Plugins runs the plugin processes of plugin environments (BERTH_PLUGIN_DIR); nil when
+	// plugins are off on this node, and then plugin environments are environment_unavailable.
+	Plugins *environment.PluginHost
 	// LeaseTTL is how long a running command's lease lives without a renewal (default 2 min);
 	// the executor renews every third of it and stops the command when a whole one passes
 	// without a renewal (jobs/leases.go leaseKeeper).
@@ -123,6 +127,10 @@ func Workers(d Deps) (*river.Workers, error) {
 	// expire_setup_sessions.go).
 	if err := river.AddWorkerSafely(w, &CaptureImageWorker{deps: d}); err != nil {
 		return nil, fmt.Errorf("jobs: register capture_image: %w", err)
+	}
+	// OCI images imported from the environment page (import_image.go).
+	if err := river.AddWorkerSafely(w, &ImportImageWorker{deps: d}); err != nil {
+		return nil, fmt.Errorf("jobs: register import_image: %w", err)
 	}
 	if err := river.AddWorkerSafely(w, &ExpireSetupSessionsWorker{deps: d}); err != nil {
 		return nil, fmt.Errorf("jobs: register expire_setup_sessions: %w", err)

@@ -148,7 +148,7 @@ func (w *FinalizeWorker) receiptEnvironment(ctx context.Context, run db.Run, rc 
 		return err
 	}
 	rc.EnvironmentFingerprint = strPtr(basis.fingerprint)
-	if env.Driver == environment.DriverSandbox && basis.image != "" {
+	if (env.Driver == environment.DriverSandbox || env.Driver == environment.DriverPlugin) && basis.image != "" {
 		rc.ImageDigest = strPtr(basis.image)
 	}
 	return nil

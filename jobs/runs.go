@@ -120,13 +120,21 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 	}
 	opts := environment.Options{NodeID: w.deps.NodeID, Secrets: sec, Jail: w.deps.Jail, DataDir: w.deps.DataDir, Networks: w.deps.Networks,
 		CABundle: injectedBundle(cfg, w.deps.Egress),
-		Masks:    w.deps.Masks}
+		Masks:    w.deps.Masks, Plugins: w.deps.Plugins}
 	if w.deps.DataDir != "" {
 		opts.Masks = append([]string{w.deps.DataDir}, opts.Masks...)
 	}
-	if cfg.Driver == environment.DriverSandbox {
+	switch cfg.Driver {
+	case environment.DriverSandbox:
 		if opts.ImageDir, err = w.imageLayer(ctx, env); err != nil {
 			return nil, err
+		}
+	case environment.DriverPlugin:
+		// A plugin gets the active image version (if any) by digest, and the layer when it lacks it.
+		if v, err := db.ActiveImageVersion(ctx, w.deps.Pool, env.CompanyID, env.ID); err == nil && w.deps.DataDir != "" {
+			opts.ImageDir, opts.ImageDigest = ImageLayerDir(w.deps.DataDir, env.ID, v.Number), v.Digest
+		} else if err != nil && !errors.Is(err, db.ErrNotFound) {
+			return nil, fmt.Errorf("run environment: %w", err)
 		}
 	}
 	if w.deps.HomeDir != "" {

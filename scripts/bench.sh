@@ -42,6 +42,12 @@ export BERTH_BENCH_WETTY
 run ./terminal/ 'BenchmarkTerminalThroughput' 3x
 run ./terminal/ 'BenchmarkTerminalEcho' 2000x
 run ./terminal/ 'BenchmarkTerminalIdleMemory' 1x
+# Environment plugins and OCI images (docs/plugins.md "Figures"): plugin exec of true vs the in-tree
+# driver, podman admission -> start vs bare podman run, a 200 MB OCI import vs crane export
+# (crane v0.22.1 is installed into BERTH_BENCH_CRANE, default /var/tmp/berth-crane, on first use).
+run ./environment/ 'BenchmarkPluginExec' 200x
+run ./cmd/berth-driver-podman/ 'BenchmarkPodmanAdmissionToStart' 10x
+run ./oci/ 'BenchmarkImportVsCraneExport' 3x
 
 echo
 printf '%-58s %16s  %s\n' "benchmark" "value" "unit"
@@ -102,4 +108,10 @@ er=$(tm Echo ratio-p50-raw)
 [ -n "$er" ] && echo "terminal keystroke echo: Berth p50 $(tm Echo berth-p50-ms) ms = ${er}x raw pty ($(tm Echo raw-p50-ms) ms), p99 $(tm Echo berth-p99-ms) ms; jailed p50/p99 $(tm Echo jailed-p50-ms)/$(tm Echo jailed-p99-ms) ms; WeTTY $(tm Echo wetty-p50-ms)/$(tm Echo wetty-p99-ms) ms (goal p50 <= 3x raw, p99 <= 2 ms)"
 mb=$(tm IdleMemory beyond-scrollback-MiB)
 [ -n "$mb" ] && echo "terminal idle session: Berth $(tm IdleMemory berth-heap-MiB/session) MiB heap (${mb} MiB beyond its scrollback), $(tm IdleMemory berth-rss-MiB/session) MiB RSS; WeTTY $(tm IdleMemory wetty-rss-MiB/session) MiB RSS (goal <= 2 MiB beyond the scrollback)"
+po=$(metric BenchmarkPluginExec overhead-p50-ms)
+[ -n "$po" ] && echo "plugin exec of true p50: $(metric BenchmarkPluginExec plugin-p50-ms) ms vs the in-tree local driver $(metric BenchmarkPluginExec intree-p50-ms) ms: ${po} ms overhead (goal <= 2 ms); vs a bare fork/exec of sh -c true: $(metric BenchmarkPluginExec protocol-p50-ms) ms; jailed local $(metric BenchmarkPluginExec intree-jailed-p50-ms) ms"
+pa=$(metric BenchmarkPodmanAdmissionToStart ratio-p50)
+[ -n "$pa" ] && echo "podman lease admission -> command start p50: $(metric BenchmarkPodmanAdmissionToStart berth-p50-ms) ms vs bare podman run --rm true $(metric BenchmarkPodmanAdmissionToStart bare-run-p50-ms) ms: ${pa}x"
+oi=$(metric BenchmarkImportVsCraneExport ratio)
+[ -n "$oi" ] && echo "OCI import of a $(metric BenchmarkImportVsCraneExport image-MiB) MiB image: Berth $(metric BenchmarkImportVsCraneExport berth-ms) ms vs crane export $(metric BenchmarkImportVsCraneExport crane-export-ms) ms (${oi}x), vs crane export | tar -x $(metric BenchmarkImportVsCraneExport crane-export-untar-ms) ms ($(metric BenchmarkImportVsCraneExport ratio-untar)x; above 1 is faster)"
 exit 0

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Berth's tests need on a fresh Debian/Ubuntu machine, and nothing that is already
 # there: PostgreSQL server binaries (the tests start their own private cluster), Node/npm for the
-# front-end packages, git, Chromium for the browser tests, bubblewrap for the jail and
-# openssh-server for the ssh driver's tests. Needs root (or sudo) only when
+# front-end packages, git, Chromium for the browser tests, bubblewrap for the jail,
+# openssh-server for the ssh driver's tests, and podman, runc and docker-registry for the
+# environment plugins' tests. Needs root (or sudo) only when
 # something is missing.
 set -euo pipefail
 
@@ -18,6 +19,13 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # Every command Berth runs goes through a bubblewrap jail; the ssh driver's tests start sshd.
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+# Environment plugins (environment/plugin*, cmd/berth-driver-podman, oci): rootful podman with runc
+# (Debian's crun 1.8 refuses hosts whose cgroups are in hybrid mode), a registry to run on
+# loopback, and protoc to regenerate the driver protocol (scripts/gen-proto.sh).
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 
 # Vite for the preview test (handlers/preview_vite_test.go): in a 0755 directory outside /root
 # and /tmp, so the jail's berth-run user can read it. BERTH_TEST_NPM moves it.

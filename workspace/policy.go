@@ -39,7 +39,7 @@ type ProjectPolicy struct {
 type PlanEnvironment struct {
 	ID        string
 	Name      string
-	Driver    string // local | ssh | sandbox
+	Driver    string // local | ssh | sandbox | plugin
 	Archived  bool
 	Qualified bool // a current, successful probe qualification exists
 	// Uncontained is an instance admin's "containment": "none" on a local environment: its
@@ -213,6 +213,10 @@ func ResolvePlan(in PlanInput) Plan {
 			p.block(BlockEnvironmentUnqualified, fmt.Sprintf("SSH environment %q has not passed a probe since its last change.", env.Name),
 				"Probe the environment (an instance admin can do this on its page).")
 			p.trace("qualification", "blocked", "ssh environments must be probed before runs")
+		case env.Driver == "plugin" && !env.Qualified:
+			p.block(BlockEnvironmentUnqualified, fmt.Sprintf("Plugin environment %q has not passed a probe since its last change.", env.Name),
+				"Probe the environment (an instance admin can do this on its page): the probe runs the pinned plugin.")
+			p.trace("qualification", "blocked", "plugin environments must be probed before runs")
 		case env.Driver == "sandbox" && !env.Qualified:
 			p.trace("qualification", "warning", "sandbox %q has no current probe; runs are allowed, a probe is recommended", env.Name)
 		}

@@ -37,6 +37,10 @@ commands:
   user add    create a user: --email E [--admin] [--company SLUG --role board|viewer] [--update]; password on stdin
   token add   print a new API token for a user: --email E [--name N]
   receipt verify FILE   check a run receipt's signature, then its digests against what still exists
+  image import ENV SOURCE   turn an OCI image (layout dir or tar, docker save tarball, registry
+                        reference) into the environment's next image version [--activate]
+  plugin test PATH      run the driver protocol's contract suite against a plugin executable
+                        [--settings JSON] [--image DIR]
   version     print the version
 
 configuration (environment): BERTH_ADDR, BERTH_DATA_DIR, BERTH_BASE_URL, DATABASE_URL,
@@ -45,6 +49,8 @@ BERTH_LOG_FORMAT (text or json), BERTH_NODE_ID (this process's node; default the
 BERTH_SOURCE_ROOTS (colon-separated directories board members may use as local sources),
 BERTH_METRICS_TOKEN (a bearer token that may read /metrics),
 BERTH_TRUSTED_PROXIES (comma-separated CIDRs of reverse proxies whose X-Forwarded-For is believed),
+BERTH_PLUGIN_DIR (where instance admins put environment plugins; plugins are off without it),
+BERTH_PLUGIN_STATE_DIR (the plugins' own files; default /var/lib/berth-plugins as root),
 BERTH_COPY_MAX_BYTES (default 2GiB) and BERTH_COPY_MAX_FILES (default 200000): the largest source
 a copy workspace may be made from
 `
@@ -73,6 +79,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return tokenAdd(ctx, rest[1:], getenv, stdout, stderr)
 	case "receipt":
 		return receiptCmd(ctx, rest, getenv, stdout, stderr)
+	case "plugin":
+		return pluginCmd(ctx, rest, stdout, stderr)
+	case "image":
+		return imageCmd(ctx, rest, getenv, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "berth", version)
 		return nil

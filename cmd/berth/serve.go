@@ -95,6 +95,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	if err != nil {
 		return err
 	}
+	plugins, err := pluginHost(ctx, getenv, c.DataDir, log)
+	if err != nil {
+		return err
+	}
+	defer plugins.Close()
 	executing := jobs.NewExecuting(node)
 	defer executing.Close()
 	metrics := handlers.NewMetrics() // this process's /metrics registry; the workers observe run admission
@@ -117,7 +122,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node, Networks: networks,
 		Egress:  egressState,
 		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing,
-		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks, Admission: metrics.RunAdmission}
+		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks, Admission: metrics.RunAdmission, Plugins: plugins}
 	var local handlers.LocalServices // the preview proxy trusts this node's supervisor (handlers/preview_cache.go)
 	var dialService func(context.Context, string, int) (net.Conn, error)
 	if c.Workers {
