@@ -11,7 +11,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"berth/oci/ocitest"
+	"berth/environment/oci/ocitest"
 )
 
 // waitImageVersion waits for an environment's version number n and returns it.

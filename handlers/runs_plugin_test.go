@@ -16,7 +16,7 @@ import (
 	"berth/environment"
 	"berth/environment/plugincheck/plugintest"
 	"berth/jobs"
-	"berth/oci/ocitest"
+	"berth/environment/oci/ocitest"
 )
 
 // pluginRuns is a run world whose workers host plugins from their own plugin dir.

@@ -12,7 +12,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
-	"berth/oci"
+	"berth/environment/oci"
 )
 
 // ImportImageRequest names an OCI image to turn into an environment's next image version.

@@ -47,7 +47,7 @@ run ./terminal/ 'BenchmarkTerminalIdleMemory' 1x
 # (crane v0.22.1 is installed into BERTH_BENCH_CRANE, default /var/tmp/berth-crane, on first use).
 run ./environment/ 'BenchmarkPluginExec' 200x
 run ./cmd/berth-driver-podman/ 'BenchmarkPodmanAdmissionToStart' 10x
-run ./oci/ 'BenchmarkImportVsCraneExport' 3x
+run ./environment/oci/ 'BenchmarkImportVsCraneExport' 3x
 
 echo
 printf '%-58s %16s  %s\n' "benchmark" "value" "unit"
