@@ -14,9 +14,9 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/environment/oci/ocitest"
 	"berth/environment/plugincheck/plugintest"
 	"berth/jobs"
-	"berth/environment/oci/ocitest"
 )
 
 // pluginRuns is a run world whose workers host plugins from their own plugin dir.
