@@ -241,8 +241,13 @@ func (p *Proxy) tunnel(w http.ResponseWriter, d Decision, port int) {
 	pipe(client, buf.Reader, up)
 }
 
-// pipe copies client↔up (bytes the client sent ahead first) and closes both when done. TCP to
-// TCP copies are spliced by the kernel.
+// downBuffers hold the upstream→client copies. That direction is copied through user space
+// rather than spliced: on loopback splice(2) wakes the reader per small chunk and measured
+// 0.65–0.74× a direct download, a 64 KiB buffer 0.92–0.99× (BenchmarkEgressDownload). The
+// client→upstream direction (requests, uploads) stays spliced and holds no buffer.
+var downBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+// pipe copies client↔up (bytes the client sent ahead first) and closes both when done.
 func pipe(client net.Conn, ahead *bufio.Reader, up net.Conn) {
 	if n := ahead.Buffered(); n > 0 {
 		b, _ := ahead.Peek(n)
@@ -254,7 +259,13 @@ func pipe(client net.Conn, ahead *bufio.Reader, up net.Conn) {
 	}
 	done := make(chan struct{}, 2)
 	go func() { _, _ = io.Copy(up, client); closeWrite(up); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(client, up); closeWrite(client); done <- struct{}{} }()
+	go func() {
+		buf := downBuffers.Get().(*[]byte)
+		_, _ = io.CopyBuffer(struct{ io.Writer }{client}, struct{ io.Reader }{up}, *buf)
+		downBuffers.Put(buf)
+		closeWrite(client)
+		done <- struct{}{}
+	}()
 	<-done
 	<-done
 	client.Close()
