@@ -18,7 +18,13 @@ run ./handlers/ 'BenchmarkPaletteSearch' 300x
 run ./handlers/ 'BenchmarkAdmissionToStartShared' 50x
 run ./handlers/ 'BenchmarkAdmissionToStartWorktree' 5x
 run ./handlers/ 'BenchmarkAdmissionToStartContainment|BenchmarkAdmissionToStartSandbox' 50x
-run ./environment/ 'BenchmarkJailStart' 300x
+run ./environment/ 'BenchmarkJailStart$' 300x
+# Hostile output and network (docs/security.md, docs/network.md): a jail in its workspace's own
+# network namespace vs the host's network, finalize's git add/commit in the jail vs on the host,
+# and the egress proxy vs direct connections from the same process.
+run ./environment/ 'BenchmarkJailStartNetns' 200x
+run ./workspace/ 'BenchmarkFinalizeCommit' 40x
+run ./environment/egress/ 'BenchmarkEgress' 20x
 run ./environment/ 'BenchmarkServiceStartToHealthy' 30x
 run ./handlers/ 'BenchmarkPreviewProxy$|BenchmarkPreviewWebSocket$' 1x
 run ./jobs/ 'BenchmarkRiverPickup' 500x
@@ -115,3 +121,11 @@ pa=$(metric BenchmarkPodmanAdmissionToStart ratio-p50)
 oi=$(metric BenchmarkImportVsCraneExport ratio)
 [ -n "$oi" ] && echo "OCI import of a $(metric BenchmarkImportVsCraneExport image-MiB) MiB image: Berth $(metric BenchmarkImportVsCraneExport berth-ms) ms vs crane export $(metric BenchmarkImportVsCraneExport crane-export-ms) ms (${oi}x), vs crane export | tar -x $(metric BenchmarkImportVsCraneExport crane-export-untar-ms) ms ($(metric BenchmarkImportVsCraneExport ratio-untar)x; above 1 is faster)"
 exit 0
+nn=$(metric BenchmarkJailStartNetns added-new-p50-ms)
+[ -n "$nn" ] && echo "jail start in a workspace's own network namespace: +${nn} ms p50 for a new workspace, +$(metric BenchmarkJailStartNetns added-held-p50-ms) ms beside its service, over the host's network ($(metric BenchmarkJailStartNetns host-net-p50-ms) ms) (goal <= +2 ms)"
+fr=$(metric BenchmarkFinalizeCommit ratio-p50)
+[ -n "$fr" ] && echo "finalize commit with git add/commit in the jail vs on the host, p50: $(metric BenchmarkFinalizeCommit jailed-p50-ms) ms vs $(metric BenchmarkFinalizeCommit host-p50-ms) ms, ${fr}x (goal <= 1.2x)"
+ec=$(metric BenchmarkEgressConnectSetup added-p50-ms)
+[ -n "$ec" ] && echo "egress CONNECT setup added p50: ${ec} ms (goal <= 1 ms); injected HTTPS request added p50: $(metric BenchmarkEgressInjected added-p50-ms) ms (goal <= 2 ms)"
+ed=$(metric BenchmarkEgressDownload ratio)
+[ -n "$ed" ] && echo "200 MB HTTPS download through the egress proxy vs direct: ${ed}x (goal >= 0.9x); 1,000 concurrent tunnels: $(metric BenchmarkEgressConcurrentTunnels failed) failed"

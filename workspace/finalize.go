@@ -87,7 +87,7 @@ fi`, map[string]string{"BERTH_BASE": base, "BERTH_MESSAGE": msg}))
 		if err := m.importPack(ctx, rec, s, "home.pack", tip, base); err != nil {
 			return CommitResult{}, err
 		}
-		if _, err := m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "update-ref", "-m", "berth: finalize", s.branchRef(), tip, base); err != nil {
+		if err := m.moveHome(ctx, rec, s, tip, base, "berth: finalize"); err != nil {
 			return CommitResult{}, err
 		}
 		if err := os.WriteFile(filepath.Join(s.dir, "base"), []byte(tip+"\n"), 0o600); err != nil {

@@ -3,6 +3,7 @@ package workspace
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -169,5 +170,36 @@ func TestFinalizeCopyChanges(t *testing.T) {
 	}
 	if _, err := m.BaseManifest(newRef()); !errors.Is(err, ErrNotManaged) {
 		t.Fatalf("unknown base manifest: %v", err)
+	}
+}
+
+// TestCommitWithoutJail: on a host without bubblewrap Berth's git scripts run on the host (only
+// uncontained environments run there); finalize still commits the run's work onto the task
+// branch in the source, and a second finalize builds on the first.
+func TestCommitWithoutJail(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	m, err := NewManager(t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := newRepo(t, map[string]string{"README.md": "hi\n"})
+	res, err := m.RealizeGitWorktree(ctx, GitWorktreeSpec{Source: repo, TaskKey: "PRJ-8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(m.Base(), res.Cwd)
+	for i, body := range []string{"one\n", "two\n"} {
+		writeFiles(t, root, map[string]string{"README.md": body})
+		c, err := m.Commit(ctx, res.Ref, CommitSpec{Branch: res.Branch, TaskKey: "PRJ-8", RunID: fmt.Sprint("run-", i)})
+		if err != nil || !c.Changed {
+			t.Fatalf("commit %d = %+v, %v", i, c, err)
+		}
+		if got := gitT(t, repo, "rev-parse", "refs/heads/"+res.Branch); got != c.Commit {
+			t.Fatalf("commit %d: branch at %s, want %s", i, got, c.Commit)
+		}
+	}
+	if st, _ := m.GitState(ctx, res.Ref, res.BaseRef); st.Ahead != 2 || st.Dirty != 0 {
+		t.Fatalf("after two commits %+v", st)
 	}
 }

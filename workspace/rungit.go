@@ -239,10 +239,23 @@ fi`, map[string]string{"BERTH_BASE": base}))
 	if err := m.importPack(ctx, rec, s, "home.pack", tip, base); err != nil {
 		return err
 	}
-	if _, err := m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "update-ref", "-m", "berth: run commits", s.branchRef(), tip, base); err != nil {
+	if err := m.moveHome(ctx, rec, s, tip, base, "berth: run commits"); err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(s.dir, "base"), []byte(tip+"\n"), 0o600)
+}
+
+// moveHome moves the task branch in the source from base to tip, compare-and-swap. Without a jail
+// (gitjail.go) Berth's git scripts ran on the source itself and git moved the branch under its
+// own lock already; the source must then be at tip.
+func (m *Manager) moveHome(ctx context.Context, rec record, s gitStore, tip, base, msg string) error {
+	if m.jail == nil {
+		if cur, err := m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "rev-parse", "--verify", "-q", "--end-of-options", s.branchRef()); err == nil && strings.TrimSpace(cur) == tip {
+			return nil
+		}
+	}
+	_, err := m.git.run(ctx, gitCall{}, "--git-dir="+rec.GitDir, "update-ref", "-m", msg, s.branchRef(), tip, base)
+	return err
 }
 
 // storeJail is a jailed git script over the worktree with the store bound as a run sees it, plus
