@@ -39,6 +39,10 @@ type PlanEnvironment struct {
 	Qualified bool   `json:"qualified"` // a probe qualification exists and says ok
 	// Uncontained: a local environment whose config says "containment": "none".
 	Uncontained bool `json:"uncontained"`
+	// Egress is the config's egress document (null: the driver's default) and Network a
+	// sandbox's network setting, for the plan's egress line.
+	Egress  json.RawMessage `json:"egress"`
+	Network bool            `json:"network"`
 }
 
 // planSnapshotSQL reads the whole snapshot in one round trip. Environments are limited to the
@@ -50,7 +54,8 @@ const planSnapshotSQL = `SELECT ` + taskColumns + `,
 			WHERE pw.company_id = t.company_id AND pw.project_id = t.project_id AND pw.is_primary), ''),
 		coalesce((SELECT jsonb_agg(jsonb_build_object('id', e.id, 'name', e.name, 'driver', e.driver,
 				'status', e.status, 'qualified', coalesce(e.qualification->'ok' = 'true'::jsonb, false),
-				'uncontained', coalesce(e.config->>'containment' = 'none', false)) ORDER BY e.name)
+				'uncontained', coalesce(e.config->>'containment' = 'none', false),
+				'egress', e.config->'egress', 'network', coalesce(e.config->'network' = 'true'::jsonb, false)) ORDER BY e.name)
 			FROM environments e WHERE e.company_id = t.company_id
 				AND e.id::text IN (pol.environment_id, t.environment_id::text)), '[]'::jsonb),
 		b.mode, b.execution_workspace_id::text, b.revision, b.request_key, b.updated_at,

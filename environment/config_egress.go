@@ -177,6 +177,20 @@ func (c EgressConfig) doc(driver string, network bool) *egressDoc {
 	return &egressDoc{Mode: c.Mode, Allow: c.Allow, Deny: c.Deny}
 }
 
+// EgressOf reads the egress of a stored config document's "egress" member (raw; empty or null:
+// the driver's default), for pages and the plan that show the policy without parsing the whole
+// configuration. An unreadable member reads as "off", what the proxy would do with it.
+func EgressOf(driver string, network bool, raw []byte) EgressConfig {
+	if len(raw) == 0 || string(raw) == "null" {
+		return DefaultEgress(driver, network)
+	}
+	var d egressDoc
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return EgressConfig{Mode: egress.ModeOff}
+	}
+	return d.config(driver, network)
+}
+
 func (d *egressDoc) config(driver string, network bool) EgressConfig {
 	if d == nil {
 		return DefaultEgress(driver, network)

@@ -30,7 +30,10 @@ type environmentFormValues struct {
 	Env, SecretEnv          string
 	// Plugin, PluginSHA256 and PluginSettings are a plugin environment's (settings as JSON text).
 	Plugin, PluginSHA256, PluginSettings string
-	plainCount                           int // env entries that came from the Env field, for mapping errors back
+	// EgressMode, EgressAllow, EgressDeny and Inject are a local or sandbox environment's egress
+	// policy and injected secrets (egress_form.go).
+	EgressMode, EgressAllow, EgressDeny, Inject string
+	plainCount                                  int // env entries that came from the Env field, for mapping errors back
 }
 
 // readEnvironmentForm reads a submitted form (at most 1 MiB); a server-owned field is a 400.
@@ -52,6 +55,7 @@ func readEnvironmentForm(w http.ResponseWriter, r *http.Request) (environmentFor
 		MemoryMB: v("memory_mb"), CPUs: v("cpus"), PidsMax: v("pids_max"), TimeoutS: v("timeout_s"),
 		MaxParallelRuns: v("max_parallel_runs"), Env: v("env"), SecretEnv: v("secret_env"),
 		Plugin: v("plugin"), PluginSHA256: v("sha256"), PluginSettings: v("settings"),
+		EgressMode: v("egress_mode"), EgressAllow: v("egress_allow"), EgressDeny: v("egress_deny"), Inject: v("inject"),
 	}, nil
 }
 
@@ -112,6 +116,14 @@ func (f *environmentFormValues) input() (environmentInput, map[string]string) {
 		fields["secret_env"] = errSecret
 	}
 	f.plainCount = len(plain)
+	if f.Driver == environment.DriverLocal || f.Driver == environment.DriverSandbox {
+		if eg := f.egressDoc(); eg != nil {
+			cfg["egress"] = eg
+		}
+		if msg := applyInjectLines(f.Inject, secret); msg != "" {
+			fields["inject"] = msg
+		}
+	}
 	cfg["env"] = append(plain, secret...)
 	raw, err := json.Marshal(cfg)
 	if err != nil {
@@ -158,6 +170,10 @@ func (f environmentFormValues) formFields(apiFields map[string]string) map[strin
 		switch {
 		case !isConfig:
 			add(k, msg)
+		case strings.HasPrefix(key, "egress"):
+			add(egressFormField(key), msg)
+		case strings.HasPrefix(key, "env[") && strings.Contains(key, "].inject"):
+			add("inject", msg)
 		case strings.HasPrefix(key, "env["):
 			idx, _ := strconv.Atoi(strings.TrimPrefix(key[:strings.IndexByte(key, ']')], "env["))
 			if idx < f.plainCount {
@@ -186,6 +202,7 @@ func (f environmentFormValues) refill(form views.EnvironmentForm, errs map[strin
 	form.MaxParallelRuns = f.MaxParallelRuns
 	form.Plugin, form.PluginSHA256, form.PluginSettings = f.Plugin, f.PluginSHA256, f.PluginSettings
 	form.Env = f.Env
+	form.EgressMode, form.EgressAllow, form.EgressDeny, form.Inject = f.EgressMode, f.EgressAllow, f.EgressDeny, f.Inject
 	var names []string
 	typedValues := false
 	for _, line := range strings.Split(strings.ReplaceAll(f.SecretEnv, "\r\n", "\n"), "\n") {

@@ -106,7 +106,7 @@ func (s *Server) renderEnvironment(w http.ResponseWriter, r *http.Request, a acc
 // environmentSettingsView phrases a configuration for the page; the private key only as "set".
 // activeImage names a sandbox's active image version ("" when it has none).
 func environmentSettingsView(c environment.Config, activeImage string) []views.EnvironmentSetting {
-	return append(driverSettingsView(c, activeImage), parallelRunsSetting(c.MaxParallelRuns))
+	return append(append(driverSettingsView(c, activeImage), egressSettingsView(c)...), parallelRunsSetting(c.MaxParallelRuns))
 }
 
 // parallelRunsSetting is the environment's capacity line.
@@ -238,12 +238,14 @@ func editEnvironmentForm(env db.Environment, cfg environment.Config, driver stri
 		}
 	}
 	f.Env, f.SecretEnv = strings.Join(plain, "\n"), strings.Join(secret, "\n")
+	f.Inject = injectLines(cfg.Env)
 	if cfg.MaxParallelRuns > 0 {
 		f.MaxParallelRuns = strconv.Itoa(cfg.MaxParallelRuns)
 	}
 	if f.Driver != env.Driver {
 		return f
 	}
+	fillEgressForm(&f, cfg)
 	switch cfg.Driver {
 	case environment.DriverSSH:
 		f.Host, f.Port, f.User, f.HostKey, f.KeySet = cfg.SSH.Host, strconv.Itoa(cfg.SSH.Port), cfg.SSH.User, cfg.SSH.HostKey, true

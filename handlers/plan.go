@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"berth/db"
+	"berth/environment"
 	"berth/views"
 	"berth/workspace"
 )
@@ -54,12 +55,38 @@ type planResponse struct {
 	Blocked            bool                  `json:"blocked"`
 	Blockers           []workspace.Blocker   `json:"blockers"`
 	Trace              []workspace.TraceStep `json:"trace"`
+	Egress             *planEgress           `json:"egress"`
 }
 
-func newPlanResponse(p workspace.Plan) planResponse {
-	return planResponse{Mode: p.Mode, Strategy: optional(p.Strategy), EnvironmentID: optional(p.EnvironmentID),
+func newPlanResponse(s db.PlanSnapshot, p workspace.Plan) planResponse {
+	r := planResponse{Mode: p.Mode, Strategy: optional(p.Strategy), EnvironmentID: optional(p.EnvironmentID),
 		ReuseWorkspaceID: optional(p.ReuseWorkspaceID), Branch: optional(p.Branch),
 		HostScriptsAllowed: p.HostScriptsAllowed, Blocked: p.Blocked, Blockers: p.Blockers, Trace: p.Trace}
+	if e, ok := planEgressOf(s, p); ok {
+		r.Egress = &planEgress{Mode: string(e.Mode), Allow: nonNil(e.Allow), Deny: nonNil(e.Deny)}
+	}
+	return r
+}
+
+// planEgressOf is the egress of the plan's environment (the built-in local one when the plan
+// names none); false for drivers without an egress policy, or an environment not in the snapshot.
+func planEgressOf(s db.PlanSnapshot, p workspace.Plan) (environment.EgressConfig, bool) {
+	if p.EnvironmentID == "" {
+		return environment.DefaultEgress(environment.DriverLocal, true), true
+	}
+	for _, e := range s.Environments {
+		if e.ID == p.EnvironmentID && (e.Driver == environment.DriverLocal || e.Driver == environment.DriverSandbox) {
+			return environment.EgressOf(e.Driver, e.Driver == environment.DriverLocal || e.Network, e.Egress), true
+		}
+	}
+	return environment.EgressConfig{}, false
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // planAPI answers with the task's effective plan and its trace: 200 always, blocked plans too.
@@ -73,7 +100,7 @@ func (s *Server) planAPI(w http.ResponseWriter, r *http.Request, p *principal) e
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, newPlanResponse(workspace.ResolvePlan(planInput(snap))))
+	writeJSON(w, http.StatusOK, newPlanResponse(snap, workspace.ResolvePlan(planInput(snap))))
 	return nil
 }
 
@@ -130,6 +157,10 @@ func planView(s db.PlanSnapshot, p workspace.Plan) views.PlanView {
 		v.Blockers = append(v.Blockers, views.PlanBlocker{Code: b.Code, Message: b.Message, Fix: b.Fix})
 	}
 	v.Trace = planSteps(p.Trace, envName, v.ReuseWorkspace)
+	if e, ok := planEgressOf(s, p); ok {
+		set := egressSetting(e)
+		v.Egress, v.EgressHint = set.Value, set.Hint
+	}
 	return v
 }
 

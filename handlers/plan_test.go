@@ -198,7 +198,7 @@ func TestPlanEndToEnd(t *testing.T) {
 // checkPlan compares a plan response with the case's expectations, member by member.
 func checkPlan(t *testing.T, w *taskWorld, c *planCase, out map[string]any) {
 	t.Helper()
-	want := []string{"blocked", "blockers", "branch", "environment_id", "host_scripts_allowed", "mode", "reuse_workspace_id", "strategy", "trace"}
+	want := []string{"blocked", "blockers", "branch", "egress", "environment_id", "host_scripts_allowed", "mode", "reuse_workspace_id", "strategy", "trace"}
 	if got := taskSortedKeys(out); !slices.Equal(got, want) {
 		t.Fatalf("plan members = %v, want %v", got, want)
 	}
