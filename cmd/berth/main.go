@@ -41,6 +41,9 @@ commands:
                         reference) into the environment's next image version [--activate]
   plugin test PATH      run the driver protocol's contract suite against a plugin executable
                         [--settings JSON] [--image DIR]
+  backup DIR  back the instance up into DIR (incremental): --key-out FILE or --passphrase-file FILE
+  restore DIR restore a backup into an empty data dir / database: --key-file FILE or --passphrase-file FILE
+              [--manifest NAME]
   version     print the version
 
 configuration (environment): BERTH_ADDR, BERTH_DATA_DIR, BERTH_BASE_URL, DATABASE_URL,
@@ -83,6 +86,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return pluginCmd(ctx, rest, stdout, stderr)
 	case "image":
 		return imageCmd(ctx, rest, getenv, stdout, stderr)
+	case "backup":
+		return backupCmd(ctx, rest, getenv, stdout, stderr)
+	case "restore":
+		return restoreCmd(ctx, rest, getenv, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "berth", version)
 		return nil

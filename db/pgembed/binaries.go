@@ -84,3 +84,30 @@ func debianBinDirs() []string {
 	}
 	return paths
 }
+
+// ClientDirs lists the directories where PostgreSQL client programs (pg_dump, pg_restore) may
+// be, in the order the embedded cluster looks for its server: /usr/lib/postgresql/<major>/bin
+// for the wanted major version first (when major is not ""), then `pg_config --bindir`, then
+// every /usr/lib/postgresql/*/bin, newest first. Callers check each program's own version:
+// Berth's backups use the client of the server's major version only.
+func ClientDirs(ctx context.Context, major string) []string {
+	var dirs []string
+	if major != "" {
+		dirs = append(dirs, filepath.Join(debianRoot, major, "bin"))
+	}
+	if out, err := exec.CommandContext(ctx, "pg_config", "--bindir").Output(); err == nil {
+		if d := strings.TrimSpace(string(out)); filepath.IsAbs(d) {
+			dirs = append(dirs, d)
+		}
+	}
+	dirs = append(dirs, debianBinDirs()...)
+	seen := map[string]bool{}
+	out := dirs[:0]
+	for _, d := range dirs {
+		if !seen[d] {
+			seen[d] = true
+			out = append(out, d)
+		}
+	}
+	return out
+}
