@@ -31,6 +31,8 @@ run ./jobs/ 'BenchmarkRiverPickup' 500x
 run ./handlers/ 'BenchmarkSSEFanout' 200x
 run ./jobs/ 'BenchmarkSpoolSave' 50x
 run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
+# Backups (docs/operations.md "Figures"): 1,000 runs, 50 MiB of artifacts, a 20 MiB layer; full, then incremental.
+run ./db/backup/ 'BenchmarkBackup1000Runs' 3x
 # Scale-out (docs/scaling.md "Figures"): runs/s end to end with 1 and 2 worker nodes on one database.
 run ./cmd/berth/ 'BenchmarkNodesRunsPerSecond' 1x
 # Copy realization vs cp -a, interleaved, on a 5,000-file / 100 MB tree (before the 1x smoke run,
