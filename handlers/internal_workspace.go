@@ -81,7 +81,9 @@ func (s *Server) remoteWorkspaceGit(ctx context.Context, ws db.ExecutionWorkspac
 	if err != nil {
 		return nil, err
 	}
-	signNodeRequest(req, s.nodes.Key, time.Now())
+	if err := signNodeRequest(req, s.nodes.Key, time.Now()); err != nil {
+		return nil, fmt.Errorf("%w: %v", errNodeSign, err)
+	}
 	resp, err := s.nodeDir().transport.RoundTrip(req)
 	if err != nil {
 		s.log.WarnContext(ctx, "workspace git from its node", "node", ws.NodeID, "err", err)

@@ -112,6 +112,48 @@ func TestInternalListenerRefuses(t *testing.T) {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}
+	// The signature covers the body: a body changed after signing (same length or not) is
+	// refused; the body as signed passes verification (and then meets the 404 of a service that
+	// is not on this node).
+	post := func(body string, tamper func(*http.Request)) int {
+		t.Helper()
+		req, _ := http.NewRequest("POST", in.URL+preview, strings.NewReader(body))
+		req.Header.Set(nodeUserHeader, r.Viewer.User.ID)
+		if err := signNodeRequest(req, nodeTestKey, now); err != nil {
+			t.Fatal(err)
+		}
+		if tamper != nil {
+			tamper(req)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		name   string
+		tamper func(*http.Request)
+		want   int
+	}{
+		{"body as signed", nil, 404},
+		{"body replaced, same length", func(req *http.Request) {
+			req.Body, req.ContentLength = io.NopCloser(strings.NewReader(`{"amount":9}`)), 12
+		}, 401},
+		{"body appended to", func(req *http.Request) {
+			req.Body, req.ContentLength = io.NopCloser(strings.NewReader(`{"amount":1}&more`)), 17
+		}, 401},
+		{"body digest header swapped for the new body's", func(req *http.Request) {
+			req.Body, req.ContentLength = io.NopCloser(strings.NewReader(`{"amount":9}`)), 12
+			req.Header.Set(nodeBodyHeader, bodyDigest([]byte(`{"amount":9}`)))
+		}, 401},
+	} {
+		if got := post(`{"amount":1}`, tc.tamper); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+
 	// A server without a node key refuses everything.
 	bare := httptest.NewServer(setup(t).srv.InternalHandler())
 	t.Cleanup(bare.Close)

@@ -8,6 +8,7 @@ package handlers
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -87,6 +88,13 @@ func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, node, path, u
 	if target == nil {
 		return errNodeDown
 	}
+	// The signature covers the body: read it here (capped), so Rewrite signs what it sends.
+	if _, err := bufferNodeBody(r); err != nil {
+		if errors.Is(err, errNodeBodyTooLarge) {
+			return errNodeBodyTooLarge
+		}
+		return badRequest("bad_body", "The request body could not be read.")
+	}
 	rp := &httputil.ReverseProxy{
 		Transport:     s.nodeDir().transport,
 		FlushInterval: -1,
@@ -99,12 +107,13 @@ func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, node, path, u
 			pr.Out.Header.Del("Authorization")
 			pr.Out.Header.Del("Proxy-Authorization")
 			pr.Out.Header.Del(nodeAuthHeader)
+			pr.Out.Header.Del(nodeBodyHeader)
 			stripBerthCookies(pr.Out, s.sessions.Cookie.Name)
 			pr.Out.Header.Del(nodeUserHeader)
 			if user != "" {
 				pr.Out.Header.Set(nodeUserHeader, user)
 			}
-			signNodeRequest(pr.Out, s.nodes.Key, time.Now())
+			_ = signNodeRequest(pr.Out, s.nodes.Key, time.Now()) // the body is in memory already: no error
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
