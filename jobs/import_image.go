@@ -13,6 +13,7 @@ import (
 	"berth/db"
 	"berth/environment"
 	"berth/environment/oci"
+	"berth/workspace"
 )
 
 // ImportImageRequest names an OCI image to turn into an environment's next image version.
@@ -64,7 +65,7 @@ func ImportImage(ctx context.Context, deps Deps, req ImportImageRequest) (Import
 		return ImportedImage{}, fmt.Errorf("import image: %w", err)
 	}
 	defer img.Close()
-	staging, err := os.MkdirTemp(envDir, ".import-")
+	staging, err := os.MkdirTemp(envDir, workspace.StagingPattern("import")) // swept if the process dies (SweepImageStaging)
 	if err != nil {
 		return ImportedImage{}, fmt.Errorf("import image: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +14,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/workspace"
 )
 
 // Orphan sweeps: a run whose executor is gone leaves its live status as failed with error_code
@@ -124,7 +126,7 @@ func sweepOrphans(ctx context.Context, d Deps, startup bool) error {
 		errs = append(errs, err)
 	}
 	settled, err := s.settleOperations(ctx)
-	errs = append(errs, err, s.reportUnmanaged(ctx), s.sweepServices(ctx, startup))
+	errs = append(errs, err, s.reportUnmanaged(ctx), s.sweepServices(ctx, startup), s.sweepStaging())
 	level := slog.LevelDebug
 	if orphaned+reaped+int(settled) > 0 || startup {
 		level = slog.LevelInfo
@@ -374,4 +376,34 @@ func (s *sweeper) settleOperations(ctx context.Context) (int64, error) {
 	}
 	m, err := db.SettleEndedRunOperations(ctx, s.deps.Pool, preparationPhases, deadRunOperationAge)
 	return n + m, err
+}
+
+// SweepImageStaging removes what killed imports left under <data dir>/images/<environment>/:
+// capsule-import, OCI-import and OCI-extraction staging directories of processes that are gone
+// (workspace.SweepStaging). The startup sweep and every periodic sweep run it.
+func SweepImageStaging(dataDir string) (int, error) {
+	if dataDir == "" {
+		return 0, nil
+	}
+	dirs, err := filepath.Glob(filepath.Join(dataDir, "images", "*"))
+	if err != nil {
+		return 0, err
+	}
+	total := 0
+	var errs []error
+	for _, d := range dirs {
+		n, err := workspace.SweepStaging(d)
+		total += n
+		errs = append(errs, err)
+	}
+	return total, errors.Join(errs...)
+}
+
+// sweepStaging runs SweepImageStaging and logs what it removed.
+func (s *sweeper) sweepStaging() error {
+	n, err := SweepImageStaging(s.deps.DataDir)
+	if n > 0 {
+		s.log.Info("removed staging directories of killed imports", "count", n)
+	}
+	return err
 }

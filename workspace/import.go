@@ -83,7 +83,7 @@ func importAt(ctx context.Context, r io.Reader, m Manifest, target string, lim L
 	if err := checkImportTarget(target); err != nil {
 		return fmt.Errorf("import: %w", err)
 	}
-	staging, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".staging-")
+	staging, err := os.MkdirTemp(filepath.Dir(target), StagingPattern(filepath.Base(target))) // SweepStaging removes a killed import's
 	if err != nil {
 		return fmt.Errorf("import: %w", err)
 	}

@@ -307,6 +307,23 @@ func TestPublishKilled(t *testing.T) {
 			writeFiles(t, src, v2Files)
 			runKilledChild(t, "import", step, dir, src)
 			sameTree(t, filepath.Join(dir, "v1"), v1Files)
+			// The killed import's staging directory is left behind until a sweep removes it; a
+			// live import's (this process's) stays.
+			leftover := stagingDirs(t, dir)
+			if step != "renamed" && len(leftover) != 1 {
+				t.Fatalf("killed at %s: staging dirs %v, want the killed import's one", step, leftover)
+			}
+			live, err := os.MkdirTemp(dir, StagingPattern("v3"))
+			mustDo(t, err)
+			n, err := SweepStaging(dir)
+			mustDo(t, err)
+			if n != len(leftover) {
+				t.Fatalf("sweep removed %d, want %d", n, len(leftover))
+			}
+			if got := stagingDirs(t, dir); len(got) != 1 || filepath.Join(dir, got[0]) != live {
+				t.Fatalf("after the sweep: staging dirs %v, want only the live one %s", got, live)
+			}
+			mustDo(t, os.Remove(live))
 			target := filepath.Join(dir, "v2")
 			if _, err := os.Lstat(target); err == nil {
 				sameTree(t, target, v2Files) // new, and whole
@@ -319,4 +336,16 @@ func TestPublishKilled(t *testing.T) {
 			sameTree(t, target, v2Files)
 		})
 	}
+}
+
+// stagingDirs lists the staging directories directly in dir.
+func stagingDirs(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	for _, n := range names(t, dir) {
+		if strings.Contains(n, ".staging-") {
+			out = append(out, n)
+		}
+	}
+	return out
 }

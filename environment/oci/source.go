@@ -22,6 +22,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"berth/workspace"
 )
 
 // ErrSource means the source names no image Berth can read: not an OCI layout, not a docker
@@ -128,7 +130,7 @@ func openFile(path, base, scratch string) (Image, error) {
 	}
 	defer f.Close()
 	br := bufio.NewReader(f)
-	tmpDir, err := os.MkdirTemp(scratch, ".oci-")
+	tmpDir, err := os.MkdirTemp(scratch, workspace.StagingPattern("oci")) // swept if the process dies
 	if err != nil {
 		return Image{}, err
 	}
