@@ -70,6 +70,12 @@ func (p *partition) Restore() {
 // test cuts the executor's database and still watches what the database holds.
 func setupRunsBehind(t *testing.T, leaseTTL time.Duration) (*runEnv, *partition) {
 	t.Helper()
+	return setupRunsBehindWith(t, leaseTTL, "")
+}
+
+// setupRunsBehindWith is setupRunsBehind with a setup command on the project workspace.
+func setupRunsBehindWith(t *testing.T, leaseTTL time.Duration, setup string) (*runEnv, *partition) {
+	t.Helper()
 	part := &partition{}
 	re := setupRunsWorkers(t, func(jd *jobs.Deps) {
 		cfg, err := pgxpool.ParseConfig(jd.Pool.Config().ConnString())
@@ -86,7 +92,7 @@ func setupRunsBehind(t *testing.T, leaseTTL time.Duration) (*runEnv, *partition)
 		jd.Pool, jd.LeaseTTL = pool, leaseTTL
 	})
 	t.Cleanup(part.Restore) // first: the workers stop on a reachable database
-	re.workspaceWith("")
+	re.workspaceWith(setup)
 	return re, part
 }
 
@@ -193,5 +199,46 @@ func TestRunLeaseLostWhenHeartbeatsFail(t *testing.T) {
 	}
 	if _, err := db.HeartbeatLease(ctx, re.pool, leaseID, gen, time.Minute); !errors.Is(err, db.ErrFenced) {
 		t.Fatalf("a heartbeat under the lost generation = %v, want ErrFenced", err)
+	}
+}
+
+// TestSetupStoppedWhenHeartbeatsFail: the setup command holds the run's lease like the run's
+// command. With a 3 s TTL the executor's database is cut while the setup command sleeps: having
+// renewed nothing for a whole TTL, the executor stops the setup command's processes while the
+// database is still unreachable; once it is back the run ends failed/lease_lost, the setup step
+// is not run a second time, and the run's command never ran.
+func TestSetupStoppedWhenHeartbeatsFail(t *testing.T) {
+	t.Parallel()
+	re, part := setupRunsBehindWith(t, 3*time.Second, `echo setup-started; sleep 300`)
+	task := re.task(`echo the-command-ran`)
+	id := re.start(task.ID, nil)
+	waitFor(t, 60*time.Second, "the setup command's processes", func() bool {
+		pids, err := environment.FindTagged(id)
+		return err == nil && len(pids) > 0
+	})
+	part.Cut()
+	waitFor(t, 30*time.Second, "the setup command stopped without its database", func() bool {
+		pids, err := environment.FindTagged(id)
+		return err == nil && len(pids) == 0
+	})
+	part.Restore()
+	run := re.waitRun(id, "the end", ended)
+	if run["status"] != "failed" || run["error_code"] != "lease_lost" {
+		t.Fatalf("run = %v, want failed/lease_lost", run)
+	}
+	if log := re.log(id); strings.Contains(log, "the-command-ran") {
+		t.Fatalf("the run's command ran after its setup lost the lease: %q", log)
+	}
+	ctx := context.Background()
+	var setups int
+	if err := re.pool.QueryRow(ctx, `SELECT count(*) FROM workspace_operations WHERE run_id = $1 AND phase = 'setup'`, id).Scan(&setups); err != nil {
+		t.Fatal(err)
+	}
+	if setups != 1 {
+		t.Fatalf("%d setup steps, want the one that was stopped", setups)
+	}
+	time.Sleep(2 * time.Second) // a retried provision would have started the setup again by now
+	if pids, err := environment.FindTagged(id); err != nil || len(pids) != 0 {
+		t.Fatalf("processes of the run after it ended: %v %v", pids, err)
 	}
 }

@@ -225,3 +225,53 @@ func (k *leaseKeeper) renew(ctx context.Context) error {
 	k.lastOK = sent
 	return nil
 }
+
+// underLease runs fn with a context that ends, with cause errLeaseLost, once the lease is fenced
+// or has gone a whole TTL without a confirmed renewal (leaseKeeper), the way execute_run's watch
+// stops the run's command. Setup commands run under it, so a provision that lost its database
+// or its lease stops its setup command too instead of letting it outlive the lease (DESIGN §10).
+// It returns fn's error, wrapped with errLeaseLost when the lease was lost meanwhile.
+func (d Deps) underLease(ctx context.Context, run db.Run, lease db.Lease, fn func(context.Context) error) error {
+	lctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	keeper := newLeaseKeeper(d.Pool, lease, d.leaseTTL())
+	watching := make(chan struct{})
+	go func() {
+		defer close(watching)
+		renew := time.NewTicker(keeper.every())
+		defer renew.Stop()
+		lost := time.NewTimer(keeper.remaining())
+		defer lost.Stop()
+		for {
+			select {
+			case <-lctx.Done():
+				return
+			case <-lost.C:
+				if keeper.remaining() <= 0 {
+					runLog(d.Log, run).Warn("lease not renewed for a whole TTL: stopping the setup command", "lease_id", lease.ID)
+					stop(errLeaseLost)
+					return
+				}
+				lost.Reset(keeper.remaining())
+			case <-renew.C:
+				if err := keeper.renew(lctx); errors.Is(err, db.ErrFenced) {
+					runLog(d.Log, run).Warn("lease fenced: stopping the setup command", "lease_id", lease.ID)
+					stop(errLeaseLost)
+					return
+				}
+				lost.Reset(keeper.remaining())
+			}
+		}
+	}()
+	err := fn(lctx)
+	cause := context.Cause(lctx)
+	stop(errCommandEnded)
+	<-watching
+	if errors.Is(cause, errLeaseLost) {
+		if err == nil {
+			return errLeaseLost
+		}
+		return fmt.Errorf("%w: %w", errLeaseLost, err)
+	}
+	return err
+}

@@ -108,7 +108,9 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 	}
 
 	if pw.SetupCommand != "" && !db.RunStepSucceeded(ctx, w.deps.Pool, run.ID, "setup") {
-		if err := w.setup(ctx, run, ws, pw, plan); err != nil {
+		if err := w.setup(ctx, run, ws, pw, plan); errors.Is(err, errLeaseLost) {
+			return w.failRunPersistently(ctx, run, codeLeaseLost, "The run lost its lease during the setup command, which was stopped.")
+		} else if err != nil {
 			return w.failRun(ctx, run, db.RunFailed, codeSetupFailed, "The setup command failed: "+err.Error())
 		}
 	}
@@ -266,7 +268,24 @@ func (w runWorker) setupStep(ctx context.Context, run db.Run, ws db.ExecutionWor
 				return nil, err
 			}
 		}
-		res, err := drv.Exec(ctx, req)
+		// The setup command holds the run's lease like the run's command does: lost (fenced, or no
+		// renewal for a whole TTL), the command is stopped (leases.go underLease).
+		var res environment.ExecResult
+		exec := func(ctx context.Context) error {
+			var err error
+			res, err = drv.Exec(ctx, req)
+			return err
+		}
+		var err error
+		if lease, lerr := db.LeaseByID(ctx, w.deps.Pool, run.CompanyID, run.LeaseID); lerr == nil && lease.Live() && lease.RunID == run.ID {
+			err = w.deps.underLease(ctx, run, lease, exec)
+		} else {
+			err = exec(ctx)
+		}
+		if errors.Is(err, errLeaseLost) {
+			code := res.ExitCode
+			return &code, errLeaseLost
+		}
 		if err != nil && res.Started.IsZero() {
 			return nil, err
 		}
@@ -290,4 +309,21 @@ func realizeErrorCode(err error) string {
 		return codeSourceTooLarge
 	}
 	return codeRealizeFailed
+}
+
+// failRunPersistently is failRun for a run whose lease was lost, most likely with its database:
+// the verdict is retried until the database answers (or the job's context ends), so that a retry
+// of provision never runs the setup command a second time.
+func (w *ProvisionWorker) failRunPersistently(ctx context.Context, run db.Run, code, msg string) error {
+	for {
+		err := w.failRun(ctx, run, db.RunFailed, code, msg)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
 }
