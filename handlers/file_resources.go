@@ -64,6 +64,7 @@ type fileRoot struct {
 	Kind  string // execution_workspace or project_workspace
 	Label string
 	dir   string
+	node  string // not "": the root lives on that other node's disk (file_resources_forward.go)
 }
 
 // taskFiles is a task's roots in order and the resolver over them (nil when there is no root).
@@ -80,15 +81,20 @@ func (s *Server) loadTaskFiles(ctx context.Context, a access, taskID string) (ta
 		return taskFiles{}, err
 	}
 	for _, w := range execs {
-		if s.workspaces == nil {
-			break
+		label := "execution workspace " + w.Ref[:11] + " (" + strings.ToLower(views.StrategyLabel(w.Strategy)) + ")"
+		dir, err := "", error(errNoReadableWorkspace)
+		if s.workspaces != nil {
+			dir, err = s.workspaces.Root(w.Ref)
 		}
-		dir, err := s.workspaces.Root(w.Ref)
 		if err != nil {
-			continue // not on this node's disk, or gone
+			if node := s.remoteRoot(w); node != "" { // read through its node
+				tf.roots = append(tf.roots, fileRoot{Name: executionWorkspaceRootPrefix + w.ID, Kind: "execution_workspace",
+					Label: label, node: node})
+			}
+			continue // else gone
 		}
 		tf.roots = append(tf.roots, fileRoot{Name: executionWorkspaceRootPrefix + w.ID, Kind: "execution_workspace",
-			Label: "execution workspace " + w.Ref[:11] + " (" + strings.ToLower(views.StrategyLabel(w.Strategy)) + ")", dir: dir})
+			Label: label, dir: dir})
 	}
 	local, err := db.TaskLocalProjectWorkspaces(ctx, s.pool, a.Company.ID, taskID)
 	if err != nil {
@@ -106,7 +112,12 @@ func (s *Server) loadTaskFiles(ctx context.Context, a access, taskID string) (ta
 	}
 	roots := make([]workspace.FileRoot, 0, len(tf.roots))
 	for _, r := range tf.roots {
-		roots = append(roots, workspace.FileRoot{Name: r.Name, Dir: r.dir})
+		if r.node == "" {
+			roots = append(roots, workspace.FileRoot{Name: r.Name, Dir: r.dir})
+		}
+	}
+	if len(roots) == 0 {
+		return tf, nil // every root is on another node
 	}
 	if tf.files, err = workspace.NewFiles(workspace.FileLimits{}, roots...); err != nil {
 		return taskFiles{}, fmt.Errorf("file roots of task %s: %w", taskID, err)
@@ -253,6 +264,9 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, a access, lim
 	if err := s.admitFileRead(w, r, a, lim, taskID, root.Name, in); err != nil {
 		return workspace.Page{}, err
 	}
+	if root.node != "" {
+		return s.remoteList(r.Context(), a, taskID, root, in)
+	}
 	page, err := tf.files.List(r.Context(), root.Name, in.Path, in.Cursor, in.Limit)
 	if err != nil {
 		return workspace.Page{}, s.fileRefusal(r, a, taskID, root.Name, in, err)
@@ -264,6 +278,9 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, a access, lim
 func (s *Server) readFile(w http.ResponseWriter, r *http.Request, a access, lim *rateLimiter, taskID string, tf taskFiles, root fileRoot, in fileQuery) (workspace.Content, error) {
 	if err := s.admitFileRead(w, r, a, lim, taskID, root.Name, in); err != nil {
 		return workspace.Content{}, err
+	}
+	if root.node != "" {
+		return s.remoteRead(r.Context(), a, taskID, root, in)
 	}
 	c, err := tf.files.Read(r.Context(), root.Name, in.Path)
 	if err != nil {
@@ -381,6 +398,9 @@ func (s *Server) fileContentAPI(lim *rateLimiter) func(http.ResponseWriter, *htt
 func (s *Server) downloadFile(w http.ResponseWriter, r *http.Request, a access, lim *rateLimiter, taskID string, tf taskFiles, root fileRoot, in fileQuery) error {
 	if err := s.admitFileRead(w, r, a, lim, taskID, root.Name, in); err != nil {
 		return err
+	}
+	if root.node != "" {
+		return s.remoteDownload(w, r, a, taskID, root)
 	}
 	f, entry, err := tf.files.Open(r.Context(), root.Name, in.Path)
 	if err != nil {
