@@ -182,7 +182,7 @@ func tunedConfig(d Deps, workers *river.Workers) *river.Config {
 		// The client id names the node (see Executing); the middleware registers and heartbeats
 		// the runs this process executes.
 		ID:         d.Executing.ClientID(),
-		Middleware: []rivertype.Middleware{&runMiddleware{deps: d}},
+		Middleware: []rivertype.Middleware{&exhaustedMiddleware{deps: d}, &runMiddleware{deps: d}},
 	}
 }
 

@@ -301,7 +301,7 @@ func TestSweepOrphans(t *testing.T) {
 		t.Errorf("the orphan's running step was not settled (%d)", n)
 	}
 	var fin string
-	if err := w.pool.QueryRow(ctx, `SELECT finalize_state FROM execution_workspaces w JOIN runs r
+	if err := w.pool.QueryRow(ctx, `SELECT w.finalize_state FROM execution_workspaces w JOIN runs r
 		ON r.execution_workspace_id = w.id WHERE r.id = $1`, dead).Scan(&fin); err != nil || fin != "pending" {
 		t.Errorf("finalize_state = %q (%v), want pending", fin, err)
 	}
