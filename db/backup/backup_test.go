@@ -14,7 +14,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"berth/db"
@@ -336,6 +335,22 @@ func TestRestoreRefusals(t *testing.T) {
 	}
 	assertEmpty("edited manifest", data, conn)
 	_ = os.WriteFile(mpath, mdoc, 0o600)
+	// A dump from a newer PostgreSQL major version than the target server (the manifest re-signed
+	// with the right key, so only the version refuses it).
+	newer := m
+	newer.Postgres.Major = 99
+	if err := newer.sign(w.key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writeManifest(dir, newer); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Restore(ctx, restoreOpts(dir, conn, data, keyOut)); !errors.Is(err, ErrVersionMismatch) ||
+		!strings.Contains(err.Error(), "PostgreSQL 99") {
+		t.Fatalf("dump from a newer major version: %v", err)
+	}
+	assertEmpty("newer major version", data, conn)
+	_ = os.WriteFile(mpath, mdoc, 0o600)
 	// Negative control: the repaired backup restores.
 	if _, err := Restore(ctx, restoreOpts(dir, conn, data, keyOut)); err != nil {
 		t.Fatalf("repaired backup: %v", err)
@@ -369,4 +384,23 @@ func TestUnpackLayerRefusesEscapes(t *testing.T) {
 	}
 }
 
-var _ = pgx.Identifier{}
+// TestClientOfAnotherMajorVersionRefused: with no pg_dump of the server's major version, the
+// backup refuses with the versions it found and the package to install; the machine's own
+// version is found (negative control).
+func TestClientOfAnotherMajorVersionRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, major, err := serverMajor(ctx, dbtest.ConnString(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, line, err := findClient(ctx, "pg_dump", major); err != nil || !strings.Contains(line, "PostgreSQL) "+strconv.Itoa(major)) {
+		t.Fatalf("the server's own major version %d: %s %q %v", major, p, line, err)
+	}
+	_, _, err = findClient(ctx, "pg_dump", 99)
+	if !errors.Is(err, ErrVersionMismatch) || !strings.Contains(err.Error(), "postgresql-client-99") ||
+		!strings.Contains(err.Error(), "is "+strconv.Itoa(major)) {
+		t.Fatalf("no client of version 99: %v", err)
+	}
+}
+
