@@ -403,4 +403,3 @@ func TestClientOfAnotherMajorVersionRefused(t *testing.T) {
 		t.Fatalf("no client of version 99: %v", err)
 	}
 }
-
