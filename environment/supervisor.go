@@ -127,6 +127,9 @@ type ServiceSpec struct {
 	PortEnv    string // default PORT
 	Port       int
 	HealthPath string // requested exactly as given (with the preview prefix when it is not stripped)
+	// PreviewBase is BERTH_PREVIEW_BASE, the path the service is served under on its preview
+	// origin: "/" (the default) or "/preview/{id}/" for a definition with strip_prefix false.
+	PreviewBase string
 	// ReadyTimeout bounds the wait for a non-5xx answer on HealthPath.
 	ReadyTimeout time.Duration
 	// LogPath is the service's log file (created 0600, appended to).
@@ -274,7 +277,10 @@ func (s *Supervisor) command(spec ServiceSpec) (cmd *exec.Cmd, start func() erro
 	vars[portEnv] = strconv.Itoa(spec.Port)
 	vars[ServiceVar] = spec.ID
 	vars[WorkspaceVar] = spec.WorkspaceID
-	vars[PreviewBaseVar] = "/preview/" + spec.ID + "/"
+	vars[PreviewBaseVar] = spec.PreviewBase
+	if spec.PreviewBase == "" {
+		vars[PreviewBaseVar] = "/"
+	}
 	pl := spec.Placement
 	if !pl.Contained {
 		if vars["HOME"] == "" {

@@ -94,7 +94,7 @@ func TestServiceHealthyServesWorkspace(t *testing.T) {
 		t.Fatalf("body = %q", body)
 	}
 	env, _ := os.ReadFile(filepath.Join(f.root, "berth-env.txt"))
-	for _, want := range []string{ServiceVar + "=" + id, WorkspaceVar + "=ws-1", PreviewBaseVar + "=/preview/" + id + "/",
+	for _, want := range []string{ServiceVar + "=" + id, WorkspaceVar + "=ws-1", PreviewBaseVar + "=/\n",
 		"home=" + filepath.Join(f.data, "home", "ws-1")} {
 		if !strings.Contains(string(env), want) {
 			t.Errorf("service env lacks %s:\n%s", want, env)

@@ -142,7 +142,7 @@ func (s *Server) attemptsPageData(ctx context.Context, a access, task db.Task, g
 			}
 			for _, sv := range svcs {
 				if sv.Status == "running" {
-					row.Previews = append(row.Previews, views.AttemptPreview{Name: sv.Name, URL: "/preview/" + sv.ID + "/"})
+					row.Previews = append(row.Previews, views.AttemptPreview{Name: sv.Name, URL: s.preview.URL(sv)})
 				}
 			}
 		}

@@ -89,13 +89,7 @@ func (s *Server) identify(next http.Handler) http.Handler {
 			}
 			hash := db.HashToken(token)
 			resolve := func() (*principal, error) { return s.tokenPrincipal(ctx, r, hash) }
-			var p *principal
-			var err error
-			if isPreviewPath(r.URL.Path) {
-				p, err = s.previews.principal("token:"+string(hash), resolve)
-			} else {
-				p, err = resolve()
-			}
+			p, err := resolve()
 			if p != nil && p.Run != nil {
 				p.Run.ip = clientIP(r)
 			}
@@ -125,23 +119,9 @@ func (s *Server) identify(next http.Handler) http.Handler {
 	})
 }
 
-// sessionUser is the user a session names; for /preview/ requests it may be up to
-// previewGrantTTL old (preview_cache.go).
-func (s *Server) sessionUser(ctx context.Context, r *http.Request, id string) (db.User, error) {
-	if !isPreviewPath(r.URL.Path) {
-		return db.UserByID(ctx, s.pool, id)
-	}
-	p, err := s.previews.principal("user:"+id, func() (*principal, error) {
-		u, err := db.UserByID(ctx, s.pool, id)
-		if err != nil {
-			return nil, err
-		}
-		return &principal{User: u}, nil
-	})
-	if err != nil {
-		return db.User{}, err
-	}
-	return p.User, nil
+// sessionUser is the user a session names.
+func (s *Server) sessionUser(ctx context.Context, _ *http.Request, id string) (db.User, error) {
+	return db.UserByID(ctx, s.pool, id)
 }
 
 // tokenPrincipal resolves a bearer token: a user token first (the common case costs one query),

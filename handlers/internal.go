@@ -13,7 +13,6 @@ package handlers
 
 import (
 	"bytes"
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -190,9 +189,8 @@ func (s *Server) internalPreview(w http.ResponseWriter, r *http.Request) {
 		s.renderError(w, r, errNotFound) // not here: never forward again (no loops)
 		return
 	}
-	r2 := r.Clone(context.WithValue(ctx, principalKey, &principal{User: u, Via: "node"}))
-	r2.URL.Path = strings.TrimPrefix(r.URL.Path, "/internal")
+	r2 := r.Clone(ctx)
+	r2.URL.Path = "/" + strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, "/internal/preview/"+id), "/")
 	r2.URL.RawPath = ""
-	r2.SetPathValue("id", id)
-	s.preview.ServeHTTP(w, r2)
+	s.preview.ServeInternal(w, r2, id, u.ID)
 }

@@ -1,7 +1,7 @@
 package handlers
 
 // Forwarding to the owning node (DESIGN §11, docs/scaling.md): a preview whose service runs on
-// another node, or a terminal whose shell does, is proxied to that node's internal listener,
+// another node (package preview decides, and calls forwardTo), or a terminal whose shell does, is proxied to that node's internal listener,
 // signed with the node-to-node key (internal.go). The web node has already decided who the
 // caller is; Berth's cookies and the Authorization header never leave it. WebSocket upgrades pass
 // through (httputil.ReverseProxy switches protocols on both hops).
@@ -84,6 +84,23 @@ var errNodeDown = &httpError{Status: http.StatusServiceUnavailable, Code: "node_
 
 // forwardTo proxies r to node's internal listener under path, signed, as user (may be "").
 func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, node, path, user string) error {
+	return s.forward(w, r, node, path, user, s.renderError)
+}
+
+// forwardPreview is forwardTo for a preview origin's request: its refusals are plain JSON (a
+// preview origin has no Berth session or pages).
+func (s *Server) forwardPreview(w http.ResponseWriter, r *http.Request, node, path, user string) error {
+	fail := func(w http.ResponseWriter, r *http.Request, err error) {
+		he, _ := classify(err)
+		writeJSON(w, he.Status, map[string]any{"error": map[string]string{"code": he.Code, "message": he.Message}})
+	}
+	if err := s.forward(w, r, node, path, user, fail); err != nil {
+		fail(w, r, err)
+	}
+	return nil
+}
+
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, node, path, user string, fail func(http.ResponseWriter, *http.Request, error)) error {
 	target := s.nodeURL(r, node)
 	if target == nil {
 		return errNodeDown
@@ -121,7 +138,7 @@ func (s *Server) forwardTo(w http.ResponseWriter, r *http.Request, node, path, u
 			}
 			s.log.WarnContext(r.Context(), "forward to node", "node", node, "err", err)
 			s.nodeDir().forget(node)
-			s.renderError(w, r, errNodeDown)
+			fail(w, r, errNodeDown)
 		},
 	}
 	rp.ServeHTTP(w, r)
@@ -132,19 +149,6 @@ func (d *nodeDirectory) forget(id string) {
 	d.mu.Lock()
 	delete(d.entries, id)
 	d.mu.Unlock()
-}
-
-// forwardPreview serves a running service of another node through that node; it reports
-// whether it answered. A run token's preview is served only on its own node (a run reaches
-// Berth through the node it runs on).
-func (pv *previewProxy) forwardPreview(w http.ResponseWriter, r *http.Request, p *principal, svc db.RuntimeService) (bool, error) {
-	s := pv.s
-	node := s.remoteNode(r, svc.NodeID)
-	if node == "" || svc.Status != db.ServiceRunning || p.Run != nil {
-		return false, nil
-	}
-	pv.touch(r, svc.ID)
-	return true, s.forwardTo(w, r, node, "/internal"+r.URL.Path, p.User.ID)
 }
 
 // forwardTerminal sends a setup session's terminal WebSocket to the node holding its shell; it
@@ -162,4 +166,19 @@ func (s *Server) forwardTerminal(w http.ResponseWriter, r *http.Request, id stri
 		return false, nil
 	}
 	return true, s.forwardTo(hijacker{w}, r, node, "/internal/image-setup-sessions/"+id+"/terminal", "")
+}
+
+// prune keeps m under 4096 entries: expired entries go first, then all. Callers hold the lock.
+func prune[V any](m map[string]V, now time.Time, until func(V) time.Time) {
+	if len(m) < 4096 {
+		return
+	}
+	for k, v := range m {
+		if now.After(until(v)) {
+			delete(m, k)
+		}
+	}
+	if len(m) >= 4096 {
+		clear(m)
+	}
 }

@@ -214,10 +214,10 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /api/execution-workspaces/{id}/runtime-services", s.runAPI(s.listRuntimeServicesAPI))
 	mux.Handle("POST /api/execution-workspaces/{id}/runtime-services/{action}", s.runAPI(s.runtimeServiceActionAPI))
 	mux.Handle("POST /workspaces/{id}/services/{name}/{action}", s.page(s.runtimeServiceForm))
-	previews := newPreviewProxy(s)
-	s.preview = previews // the internal listener serves forwarded previews through it
-	mux.Handle("/preview/{id}", previews)
-	mux.Handle("/preview/{id}/", previews)
+	// Berth's origin never serves a preview's bytes: it sends a member to the preview origin
+	// with a ticket (preview_origin.go, handlers/preview).
+	mux.Handle("GET /preview/{id}", s.handle(s.previewRedirect))
+	mux.Handle("GET /preview/{id}/", s.handle(s.previewRedirect))
 
 	mux.Handle("GET /companies/{cid}/workspaces", s.page(s.workspacesPage))
 	mux.Handle("GET /workspaces/{id}", s.page(s.workspacePage))

@@ -44,8 +44,8 @@ type runtimeServiceJSON struct {
 	NodeID       *string    `json:"node_id"`
 }
 
-func newRuntimeServiceJSON(s db.RuntimeService) runtimeServiceJSON {
-	out := runtimeServiceJSON{ID: s.ID, Name: s.Name, Status: s.Status, Health: s.Health, URL: "/preview/" + s.ID + "/",
+func (srv *Server) newRuntimeServiceJSON(s db.RuntimeService) runtimeServiceJSON {
+	out := runtimeServiceJSON{ID: s.ID, Name: s.Name, Status: s.Status, Health: s.Health, URL: srv.preview.URL(s),
 		DesiredState: s.DesiredState, StopPolicy: s.StopPolicy, Lifecycle: s.Lifecycle, StartedAt: utcPtr(s.StartedAt),
 		StoppedAt: utcPtr(s.StoppedAt), ExitCode: s.ExitCode, LogExcerpt: s.LogExcerpt, StopReason: optional(s.StopReason),
 		Generation: s.Generation, NodeID: optional(s.NodeID)}
@@ -108,7 +108,7 @@ func (s *Server) listRuntimeServicesAPI(w http.ResponseWriter, r *http.Request, 
 	}
 	out := listResponse[runtimeServiceJSON]{Items: make([]runtimeServiceJSON, 0, len(list))}
 	for _, sv := range list {
-		out.Items = append(out.Items, newRuntimeServiceJSON(sv))
+		out.Items = append(out.Items, s.newRuntimeServiceJSON(sv))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -138,7 +138,7 @@ func (s *Server) runtimeServiceActionAPI(w http.ResponseWriter, r *http.Request,
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusAccepted, newRuntimeServiceJSON(svc))
+	writeJSON(w, http.StatusAccepted, s.newRuntimeServiceJSON(svc))
 	return nil
 }
 

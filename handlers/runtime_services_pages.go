@@ -28,7 +28,7 @@ func (s *Server) servicesPanelData(ctx context.Context, a access, ws db.Executio
 	}
 	canControl := a.canManage() && s.jobs != nil && ws.Status == db.WorkspaceReady
 	for _, sv := range list {
-		row := runtimeServiceRow(sv, canControl)
+		row := s.runtimeServiceRow(sv, canControl)
 		if row.LogExcerpt == "" && sv.LogPath != "" && sv.Live() {
 			row.LogExcerpt, _ = environment.LogTail(sv.LogPath, serviceLogTail)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"berth/db"
+	"berth/handlers/preview"
 	"berth/workspace"
 )
 
@@ -67,6 +68,17 @@ type Deps struct {
 	// LocalServices is this node's runtime service supervisor (jobs.Services), which lets the
 	// preview proxy skip the service row while it runs here; nil reads the row per request.
 	LocalServices LocalServices
+	// PreviewDomain is BERTH_PREVIEW_DOMAIN ("*.preview.example.com"): each service's preview
+	// origin is {id}.preview.example.com, served by this handler by Host. Empty: PreviewPorts.
+	PreviewDomain string
+	// PreviewPorts is BERTH_PREVIEW_PORTS, one port per running service on a listener of its
+	// own; the zero value takes free ports the kernel picks.
+	PreviewPorts preview.PortRange
+	// PreviewBind is the interface those listeners bind (BERTH_ADDR's host; "" = the base
+	// URL's host).
+	PreviewBind string
+	// PreviewKey signs preview cookies (PreviewKey(secret)); nil makes a key for this process.
+	PreviewKey []byte
 	// Nodes is this node's place among the others (nodes.go): previews and terminals owned by
 	// another node are forwarded to its internal listener; nil means a single node.
 	Nodes *Nodes
@@ -103,10 +115,9 @@ type Server struct {
 	local       LocalServices // this node's running services (preview_cache.go)
 	dialService func(ctx context.Context, workspaceID string, port int) (net.Conn, error)
 	envChanged  func(environmentID string)
-	previews    *previewCache // credentials and service rows of /preview/ requests
 	prober      *db.Prober    // /api/health's own connection (dbavail.go)
 	nodes       *Nodes        // nodes.go, internal.go
-	preview     *previewProxy // the /preview/ proxy, shared with the internal listener (internal.go)
+	preview     *preview.Proxy // the preview origins (handlers/preview; preview_origin.go)
 	hostChecks  func(context.Context) []HostCheck
 
 	// GET /events (events.go, events_stream.go); eventsHeartbeat 0 is the default interval.
@@ -140,7 +151,6 @@ func New(d Deps) (*Server, error) {
 		local:       d.LocalServices,
 		dialService: d.DialService,
 		envChanged:  d.OnEnvironmentChange,
-		previews:    newPreviewCache(),
 		nodes:       d.Nodes,
 		hostChecks:  d.HostChecks,
 	}
@@ -186,12 +196,20 @@ func New(d Deps) (*Server, error) {
 		}
 		jobsUI = ui
 	}
+	if err := s.initPreview(d); err != nil {
+		return nil, err
+	}
 	s.handler = s.middleware(s.routes(jobsUI))
 	return s, nil
 }
 
-// ServeHTTP serves one request through the middleware chain and the route table.
+// ServeHTTP serves one request through the middleware chain and the route table. A request
+// for a preview origin under BERTH_PREVIEW_DOMAIN never reaches Berth's middleware or routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id, ok := s.preview.ServiceForHost(r.Host); ok {
+		s.preview.ServeHost(w, r, id)
+		return
+	}
 	s.handler.ServeHTTP(w, r)
 }
 
@@ -203,6 +221,7 @@ func (s *Server) Close() {
 	if s.prober != nil {
 		s.prober.Close()
 	}
+	s.preview.Close()
 }
 
 // secure reports whether Berth is served over https.

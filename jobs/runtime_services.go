@@ -412,8 +412,11 @@ func (m *Services) specFor(ctx context.Context, svc db.RuntimeService) (environm
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
 		return environment.ServiceSpec{}, def, err
 	}
-	health := def.HealthPath
+	// The preview origin serves the service at its root; a definition with strip_prefix false
+	// keeps the older /preview/{id}/ base (docs/previews.md "Paths").
+	health, base := def.HealthPath, "/"
 	if def.StripPrefix != nil && !*def.StripPrefix {
+		base = "/preview/" + svc.ID + "/"
 		health = "/preview/" + svc.ID + health
 	}
 	timeout := def.ReadyTimeoutS
@@ -421,7 +424,7 @@ func (m *Services) specFor(ctx context.Context, svc db.RuntimeService) (environm
 		timeout = 30
 	}
 	return environment.ServiceSpec{ID: svc.ID, WorkspaceID: ws.ID, Command: def.Command, Root: root, PortEnv: def.PortEnv,
-		Port: svc.Port, HealthPath: health, ReadyTimeout: time.Duration(timeout) * time.Second,
+		Port: svc.Port, HealthPath: health, PreviewBase: base, ReadyTimeout: time.Duration(timeout) * time.Second,
 		LogPath: filepath.Join(logDir, svc.ID+".log"), Placement: pl}, def, nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"berth/environment/jail"
 	"berth/environment/netns"
 	"berth/handlers"
+	"berth/handlers/preview"
 	"berth/jobs"
 	"berth/static"
 	"berth/terminal"
@@ -185,6 +186,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		return nil
 	}
 
+	origins, err := readPreviewOrigins(getenv, c.Addr)
+	if err != nil {
+		return err
+	}
 	admin, err := ensureAdmin(ctx, d.Pool, c)
 	if err != nil {
 		return err
@@ -204,7 +209,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	go func() { _ = listener.Run(ctx) }()
 	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
 		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events,
-		Nodes: node0.handlerNodes(), DialService: dialService, OnEnvironmentChange: egressState.Invalidate, HostChecks: hostChecks(deps0, *c)})
+		Nodes: node0.handlerNodes(), DialService: dialService, OnEnvironmentChange: egressState.Invalidate, HostChecks: hostChecks(deps0, *c),
+		PreviewDomain: origins.Domain, PreviewPorts: origins.Ports, PreviewBind: origins.Bind, PreviewKey: handlers.PreviewKey(key)})
 	if err != nil {
 		return err
 	}
@@ -226,6 +232,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	hs.RegisterOnShutdown(events.Close) // end the live pages' streams: Shutdown waits for handlers
 	log.Info("berth serving", "addr", ln.Addr().String(), "workers", c.Workers, "startup_ms", time.Since(started).Milliseconds())
 	fmt.Fprintf(stdout, "\nBerth is running at %s\n", c.BaseURL)
+	fmt.Fprintf(stdout, "  %s\n", origins.describe(preview.PortURLHost(c.BaseURL.Hostname())))
 	if admin.created {
 		fmt.Fprintf(stdout, "  sign in as %s\n", admin.email)
 		if admin.password != "" {

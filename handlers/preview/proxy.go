@@ -1,0 +1,301 @@
+package preview
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"html"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"berth/db"
+)
+
+// target is what the shared reverse proxy needs of one request, carried in its context.
+type target struct {
+	svc    db.RuntimeService
+	strip  bool
+	proto  string
+	prefix string // X-Forwarded-Prefix: "" at the origin's root, else /preview/{id}
+}
+
+type targetKey struct{}
+
+// serveOrigin serves a request on service id's preview origin.
+func (p *Proxy) serveOrigin(w http.ResponseWriter, r *http.Request, id string) {
+	if r.URL.Path == TicketPath {
+		p.exchange(w, r, id)
+		return
+	}
+	ctx := r.Context()
+	v, ok, err := p.viewer(r, id)
+	if err != nil {
+		if errors.Is(err, ErrUnauthorized) {
+			writeError(w, http.StatusUnauthorized, "unauthorized", "The credential is not valid.")
+			return
+		}
+		p.fail(w, r, id, err)
+		return
+	}
+	if !ok {
+		if browser(r) {
+			// Berth's origin signs the browser in (or sends it to /login) and comes back with a ticket.
+			http.Redirect(w, r, p.berthPath(id, r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		writeError(w, http.StatusUnauthorized, "unauthorized", "Sign in to Berth, or send a bearer token.")
+		return
+	}
+	svc, err := p.cache.service(ctx, p.cfg.Pool, p.cfg.Local, id)
+	if err != nil {
+		p.fail(w, r, id, err)
+		return
+	}
+	strip, err := p.grant(ctx, v, svc)
+	if err != nil {
+		p.fail(w, r, id, err)
+		return
+	}
+	if v.RunID == "" && p.cfg.RemoteNode != nil && p.cfg.Forward != nil && svc.Status == db.ServiceRunning {
+		if node := p.cfg.RemoteNode(r, svc.NodeID); node != "" { // it runs on another node
+			p.touch(ctx, svc.ID)
+			if err := p.cfg.Forward(w, r, node, "/internal/preview/"+svc.ID+r.URL.Path, v.UserID); err != nil {
+				p.fail(w, r, id, err)
+			}
+			return
+		}
+	}
+	p.proxy(w, r, svc, strip)
+}
+
+// ServeInternal serves a request another node forwarded for userID (already authenticated
+// there) to service id, which runs on this node; path is the preview origin's path.
+func (p *Proxy) ServeInternal(w http.ResponseWriter, r *http.Request, id, userID string) {
+	ctx := r.Context()
+	v, err := p.cfg.Auth.User(ctx, userID)
+	if err != nil {
+		writeError(w, http.StatusNotFound, "not_found", "Not found.")
+		return
+	}
+	svc, err := p.cache.service(ctx, p.cfg.Pool, p.cfg.Local, id)
+	if err != nil {
+		p.fail(w, r, id, err)
+		return
+	}
+	strip, err := p.grant(ctx, v, svc)
+	if err != nil {
+		p.fail(w, r, id, err)
+		return
+	}
+	p.proxy(w, r, svc, strip)
+}
+
+// grant is the cached access check of v for svc's generation, with the definition's strip_prefix.
+func (p *Proxy) grant(ctx context.Context, v Viewer, svc db.RuntimeService) (bool, error) {
+	key := v.key() + "|" + svc.ID + "|" + strconv.FormatInt(svc.Generation, 10)
+	now := time.Now()
+	if strip, ok := get(p.cache, p.cache.grants, key, now); ok {
+		return strip, nil
+	}
+	if err := p.cfg.Auth.Allowed(ctx, v, svc); err != nil {
+		return false, err
+	}
+	strip := p.Strip(ctx, svc)
+	put(p.cache, p.cache.grants, key, strip, now)
+	return strip, nil
+}
+
+// proxy sends r to svc's process on this node.
+func (p *Proxy) proxy(w http.ResponseWriter, r *http.Request, svc db.RuntimeService, strip bool) {
+	if svc.Status != db.ServiceRunning || svc.Port == 0 {
+		if browser(r) {
+			http.Redirect(w, r, p.berthPath(svc.ID, "/"), http.StatusSeeOther) // Berth's page says why
+			return
+		}
+		writeError(w, http.StatusServiceUnavailable, "service_"+svc.Status, "The preview's service is "+svc.Status+".")
+		return
+	}
+	prefix := ""
+	if !strip {
+		prefix = "/preview/" + svc.ID
+		if r.URL.Path == "/" {
+			http.Redirect(w, r, prefix+"/", http.StatusSeeOther) // served under its older base
+			return
+		}
+	}
+	p.touch(r.Context(), svc.ID)
+	proto := "http"
+	if r.TLS != nil || p.cfg.Domain != "" && p.cfg.Berth.Scheme == "https" {
+		proto = "https"
+	}
+	t := &target{svc: svc, strip: strip, proto: proto, prefix: prefix}
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+// fail answers an error: not found or not allowed is the same 404; anything else a 502 page
+// that links back to Berth (never a redirect, which could loop).
+func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, id string, err error) {
+	if errors.Is(err, db.ErrNotFound) || errors.Is(err, ErrUnauthorized) {
+		writeError(w, http.StatusNotFound, "not_found", "Not found.")
+		return
+	}
+	if r.Context().Err() == nil {
+		p.cfg.Log.WarnContext(r.Context(), "preview", "service_id", id, "err", err)
+	}
+	if browser(r) {
+		writePage(w, http.StatusBadGateway, "The preview could not be reached.", p.berthPath(id, "/"), "See the service in Berth")
+		return
+	}
+	writeError(w, http.StatusBadGateway, "preview_unreachable", "The preview could not be reached.")
+}
+
+// browser reports whether r wants a page.
+func browser(r *http.Request) bool { return strings.Contains(r.Header.Get("Accept"), "text/html") }
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": code, "message": msg}})
+}
+
+// writePage is a tiny page of the preview origin's own: no script, no Berth assets.
+func writePage(w http.ResponseWriter, status int, msg, link, label string) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte("<!doctype html><title>Preview</title><p>" + html.EscapeString(msg) +
+		` <a href="` + html.EscapeString(link) + `">` + html.EscapeString(label) + "</a></p>\n"))
+}
+
+// workspaceKey carries a request's execution workspace to the transport's dial: a service
+// listens in its workspace's network namespace, reached through Config.Dial. The idle pool is
+// keyed by the target address, and ports are unique per node, so each service's connections
+// stay its own.
+type workspaceKey struct{}
+
+// bufferPool lends the reverse proxy its copy buffers (no allocation per response).
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return *(b.p.Get().(*[]byte)) }
+func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
+
+// reverseProxy is the one proxy every preview request goes through; its target comes from the
+// request's context.
+func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		ws, _ := ctx.Value(workspaceKey{}).(string)
+		_, portText, err := net.SplitHostPort(addr)
+		port, perr := strconv.Atoi(portText)
+		if p.cfg.Dial == nil || ws == "" || err != nil || perr != nil {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}
+		return p.cfg.Dial(ctx, ws, port)
+	}
+	tr := &http.Transport{Proxy: nil, DialContext: dial, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256,
+		IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: false, DisableCompression: true,
+		WriteBufferSize: 32 << 10, ReadBufferSize: 32 << 10}
+	pool := &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+	return &httputil.ReverseProxy{
+		Transport:     tr,
+		BufferPool:    pool,
+		FlushInterval: -1, // stream: SSE and chunked responses reach the browser as they come
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(*target)
+			pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), workspaceKey{}, t.svc.ExecutionWorkspaceID))
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", "127.0.0.1:"+strconv.Itoa(t.svc.Port)
+			pr.Out.Host = "" // the service's own 127.0.0.1:PORT (dev servers refuse foreign names)
+			pr.Out.URL.Path, pr.Out.URL.RawPath = pr.In.URL.Path, pr.In.URL.RawPath
+			pr.Out.URL.RawQuery = pr.In.URL.RawQuery
+			pr.Out.Header.Del("Authorization")
+			pr.Out.Header.Del("Proxy-Authorization")
+			p.stripCookies(pr.Out)
+			if t.prefix != "" {
+				pr.Out.Header.Set("X-Forwarded-Prefix", t.prefix)
+			}
+			pr.Out.Header.Set("X-Forwarded-Proto", t.proto)
+			pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			p.confineSetCookies(resp.Header)
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the browser went away
+			}
+			t, _ := r.Context().Value(targetKey{}).(*target)
+			if t != nil {
+				p.cache.forget(t.svc.ID)
+				p.fail(w, r, t.svc.ID, err)
+			}
+		},
+	}
+}
+
+// berthCookie reports whether a cookie name is Berth's (its session, or a preview cookie).
+func (p *Proxy) berthCookie(name string) bool {
+	name = strings.TrimPrefix(strings.TrimPrefix(name, "__Host-"), "__Secure-")
+	if strings.HasPrefix(name, CookiePrefix) || name == "berth_session" || name == "__Host-berth_session" {
+		return true
+	}
+	for _, n := range p.cfg.BerthCookies {
+		if name == n {
+			return true
+		}
+	}
+	return false
+}
+
+// stripCookies removes Berth's cookies from a request to a service, keeping the app's own. It
+// leaves the header untouched when it holds none (the common case costs no allocation).
+func (p *Proxy) stripCookies(r *http.Request) {
+	raw := r.Header.Values("Cookie")
+	if len(raw) == 0 {
+		return
+	}
+	found := false
+	for _, v := range raw {
+		if strings.Contains(v, "berth_") {
+			found = true
+		}
+	}
+	if !found && len(p.cfg.BerthCookies) == 0 {
+		return
+	}
+	cookies := r.Cookies()
+	r.Header.Del("Cookie")
+	for _, c := range cookies {
+		if !p.berthCookie(c.Name) {
+			r.AddCookie(c)
+		}
+	}
+}
+
+// confineSetCookies keeps a service's cookies on its own preview origin: a Set-Cookie for one
+// of Berth's names is dropped, and a Domain attribute is removed (the cookie becomes host-only,
+// never widened to a parent domain that Berth's host shares).
+func (p *Proxy) confineSetCookies(h http.Header) {
+	list := h.Values("Set-Cookie")
+	if len(list) == 0 {
+		return
+	}
+	h.Del("Set-Cookie")
+	for _, v := range list {
+		c, err := http.ParseSetCookie(v)
+		if err != nil || p.berthCookie(c.Name) {
+			continue
+		}
+		if c.Domain != "" {
+			c.Domain = ""
+			v = c.String()
+		}
+		h.Add("Set-Cookie", v)
+	}
+}
