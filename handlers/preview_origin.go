@@ -207,4 +207,3 @@ func stripBerthCookies(r *http.Request, name string) {
 		r.AddCookie(c)
 	}
 }
-

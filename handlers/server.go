@@ -115,8 +115,8 @@ type Server struct {
 	local       LocalServices // this node's running services (preview_cache.go)
 	dialService func(ctx context.Context, workspaceID string, port int) (net.Conn, error)
 	envChanged  func(environmentID string)
-	prober      *db.Prober    // /api/health's own connection (dbavail.go)
-	nodes       *Nodes        // nodes.go, internal.go
+	prober      *db.Prober     // /api/health's own connection (dbavail.go)
+	nodes       *Nodes         // nodes.go, internal.go
 	preview     *preview.Proxy // the preview origins (handlers/preview; preview_origin.go)
 	hostChecks  func(context.Context) []HostCheck
 
