@@ -184,7 +184,12 @@ func TestPreviewForwardedToOwningNode(t *testing.T) {
 	e.otherNode("w9", base)
 
 	viewer := e.browser(r.Viewer)
-	resp, err := viewer.Get(e.ts.URL + "/preview/" + svc + "/deep/page?q=1")
+	origin := e.origin(svc) // this (web) node's preview listener
+	hops := e.openPreview(viewer, svc, "/deep/page?q=1")
+	if last := hops[len(hops)-1]; last.StatusCode != 200 || last.Request.URL.String() != origin+"/deep/page?q=1" {
+		t.Fatalf("ticket flow to a forwarded preview ended at %s with %d", last.Request.URL, last.StatusCode)
+	}
+	resp, err := viewer.Get(origin + "/deep/page?q=1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,25 +199,26 @@ func TestPreviewForwardedToOwningNode(t *testing.T) {
 	}
 	resp.Body.Close()
 	want := map[string]string{"path": "/deep/page", "query": "q=1", "host": "127.0.0.1:" + strconv.Itoa(port),
-		"prefix": "/preview/" + svc, "fwd_host": strings.TrimPrefix(e.ts.URL, "http://"), "authorization": ""}
+		"prefix": "", "fwd_host": strings.TrimPrefix(origin, "http://"), "authorization": ""}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s upstream = %q, want %q", k, got[k], v)
 		}
 	}
-	if strings.Contains(got["cookie"], "berth_session") {
+	if strings.Contains(got["cookie"], "berth_") {
 		t.Errorf("Berth's session reached the other node's service: %q", got["cookie"])
 	}
 
 	// A WebSocket, through the web node and the owning node's internal listener.
-	conn, err := net.Dial("tcp", e.ts.Listener.Addr().String())
+	host := strings.TrimPrefix(origin, "http://")
+	conn, err := net.Dial("tcp", strings.Replace(host, "localhost", "127.0.0.1", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	fmt.Fprintf(conn, "GET /preview/%s/ws HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
-		svc, e.ts.Listener.Addr(), r.Viewer.Token)
+	fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+		host, r.Viewer.Token)
 	br := bufio.NewReader(conn)
 	up, err := http.ReadResponse(br, nil)
 	if err != nil || up.StatusCode != http.StatusSwitchingProtocols {
@@ -227,7 +233,7 @@ func TestPreviewForwardedToOwningNode(t *testing.T) {
 	}
 
 	// Another company's member: 404, decided on the web node.
-	other, _ := http.NewRequest("GET", e.ts.URL+"/preview/"+svc+"/", nil)
+	other, _ := http.NewRequest("GET", origin+"/", nil)
 	other.Header.Set("Authorization", "Bearer "+r.Other.Token)
 	if resp, err := http.DefaultClient.Do(other); err != nil || resp.StatusCode != http.StatusNotFound {
 		t.Errorf("another company's member: %v %v", resp, err)
@@ -240,7 +246,7 @@ func TestPreviewForwardedToOwningNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(nodeURLTTL + 100*time.Millisecond)
-	resp, err = viewer.Get(e.ts.URL + "/preview/" + svc + "/")
+	resp, err = viewer.Get(origin + "/")
 	if err != nil {
 		t.Fatal(err)
 	}

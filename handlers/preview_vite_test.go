@@ -47,11 +47,18 @@ if (import.meta.hot) import.meta.hot.accept()
 }
 
 // TestPreviewViteHMR: a real Vite dev server started as a service (--base "$BERTH_PREVIEW_BASE",
-// strip_prefix false) opened in headless Chromium through /preview/{id}/: the page renders, its
-// HMR WebSocket connects through the proxy, and an edit to a source file shows in the page
-// without a reload.
-func TestPreviewViteHMR(t *testing.T) {
-	t.Parallel()
+// strip_prefix false, so the base is /preview/{id}/) opened in headless Chromium at its url on
+// its own preview origin: the ticket flow signs the browser in there, the page renders, its HMR
+// WebSocket connects through the preview listener, and an edit to a source file shows in the
+// page without a reload. TestPreviewViteHMRRoot does the same with the default base "/".
+func TestPreviewViteHMR(t *testing.T) { t.Parallel(); testViteHMR(t, false) }
+
+// TestPreviewViteHMRRoot: TestPreviewViteHMR with the default strip_prefix (BERTH_PREVIEW_BASE
+// is "/": Vite is served at its preview origin's root).
+func TestPreviewViteHMRRoot(t *testing.T) { t.Parallel(); testViteHMR(t, true) }
+
+// testViteHMR runs Vite as a service, strip_prefix as given, and edits it live in Chromium.
+func testViteHMR(t *testing.T, strip bool) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
 		if os.Getenv("BERTH_REQUIRE_BROWSER") == "1" {
@@ -62,7 +69,7 @@ func TestPreviewViteHMR(t *testing.T) {
 	mods := viteModules(t)
 	re := setupRuns(t)
 	def := db.ServiceDefinition{Name: "vite", Command: `exec ./node_modules/.bin/vite --base "$BERTH_PREVIEW_BASE" --port "$PORT" --strictPort --host 127.0.0.1 --clearScreen false`,
-		PortEnv: "PORT", HealthPath: "/", ReadyTimeoutS: 60, StopPolicy: "manual", Lifecycle: "ephemeral", StripPrefix: new(false)}
+		PortEnv: "PORT", HealthPath: "/", ReadyTimeoutS: 60, StopPolicy: "manual", Lifecycle: "ephemeral", StripPrefix: new(strip)}
 	ws, src := re.serviceWorkspace("standard", viteFiles, def)
 	// The app's own node_modules, a copy of the installed one (the workspace is the app).
 	if out, err := exec.Command("cp", "-a", mods, filepath.Join(src, "node_modules")).CombinedOutput(); err != nil {
@@ -77,7 +84,13 @@ func TestPreviewViteHMR(t *testing.T) {
 		}
 		return sv["status"] == "running" && sv["health"] == "healthy"
 	})
-	preview := re.ts.URL + sv["url"].(string)
+	// The service's url is on its own preview origin (http://localhost:PORT/, Berth being at
+	// 127.0.0.1): opening it signs the browser in there through Berth (a ticket), then lands on
+	// Vite's page under its base.
+	preview := sv["url"].(string)
+	if !strings.HasPrefix(preview, "http://localhost:") {
+		t.Fatalf("vite's url = %q, want its preview origin", preview)
+	}
 
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
@@ -150,6 +163,14 @@ func TestPreviewViteHMR(t *testing.T) {
 		}
 	}
 	wait("the page rendering", func() bool { return text() == "first version" })
+	want := "/" // Vite's base on the preview origin
+	if !strip {
+		want = "/preview/" + sv["id"].(string) + "/"
+	}
+	loc, err := chromedp.Run(ctx, chromedp.Location())
+	if err != nil || loc != strings.TrimSuffix(preview, "/")+want {
+		t.Fatalf("the page is at %q (%v), want %s%s", loc, err, strings.TrimSuffix(preview, "/"), want)
+	}
 	wait("the HMR WebSocket connecting", func() bool { return logged("[vite] connected") })
 	// A mark on the window: a reload would lose it.
 	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`window.berthMark = true`)); err != nil {

@@ -3,6 +3,7 @@ package handlers
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -135,7 +136,8 @@ func TestRuntimeServicesAPI(t *testing.T) {
 		t.Fatalf("first list = %v", list)
 	}
 	webID := list["web"]["id"].(string)
-	if list["web"]["url"] != "/preview/"+webID+"/" || list["web"]["desired_state"] != "stopped" {
+	// Not running and never given a port: Berth's own /preview/{id}/, which explains.
+	if list["web"]["url"] != re.ts.URL+"/preview/"+webID+"/" || list["web"]["desired_state"] != "stopped" {
 		t.Fatalf("web = %v", list["web"])
 	}
 	// Listing again creates nothing new.
@@ -155,9 +157,12 @@ func TestRuntimeServicesAPI(t *testing.T) {
 	if port == nil || sv["started_at"] == nil {
 		t.Fatalf("running service = %v", sv)
 	}
-	resp := re.do(re.client(), http.MethodGet, "/preview/"+webID+"/index.html", nil, map[string]string{"Authorization": "Bearer " + re.r.Viewer.Token})
-	if body := readBody(t, resp); resp.StatusCode != 200 || body != "hello from the workspace" {
-		t.Fatalf("preview = %d %q", resp.StatusCode, body)
+	previewURL := sv["url"].(string) // absolute, on the service's preview origin
+	if !strings.HasPrefix(previewURL, "http://localhost:") {
+		t.Fatalf("running service's url = %q, want its preview origin", previewURL)
+	}
+	if code, body := getWith(t, previewURL+"index.html", re.r.Viewer.Token); code != 200 || body != "hello from the workspace" {
+		t.Fatalf("preview = %d %q", code, body)
 	}
 	// A healthy preview is a work product of the workspace.
 	if n := re.count(`SELECT count(*) FROM work_products WHERE kind = 'preview_url' AND url LIKE '%' || $1 || '%'`, webID); n < 1 {
@@ -179,7 +184,7 @@ func TestRuntimeServicesAPI(t *testing.T) {
 	sv = re.waitService(ws.ID, "web", "running again", func(sv map[string]any) bool {
 		return sv["status"] == "running" && sv["health"] == "healthy" && sv["generation"].(float64) > gen.(float64)
 	})
-	if sv["id"] != webID || sv["port"] != port {
+	if sv["id"] != webID || sv["port"] != port || sv["url"] != previewURL {
 		t.Fatalf("restarted = %v, want id %s port %v", sv, webID, port)
 	}
 
@@ -193,9 +198,8 @@ func TestRuntimeServicesAPI(t *testing.T) {
 	if sv["stop_reason"] != "requested" {
 		t.Fatalf("stopped = %v", sv)
 	}
-	resp = re.do(re.client(), http.MethodGet, "/preview/"+webID+"/", nil, map[string]string{"Authorization": "Bearer " + re.r.Viewer.Token})
-	if readBody(t, resp); resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("preview of a stopped service = %d", resp.StatusCode)
+	if code, _ := getWith(t, previewURL, re.r.Viewer.Token); code != http.StatusServiceUnavailable {
+		t.Fatalf("preview of a stopped service = %d", code)
 	}
 
 	// Refusals change nothing.
@@ -246,10 +250,9 @@ func TestRuntimeServicesRunTokensAndTrust(t *testing.T) {
 	}
 	re.waitService(own.ID, "web", "running", serviceIs("running", "healthy"))
 	// The run's token also reaches its own preview, not the other workspace's.
-	ownID := re.services(re.r.Viewer, own.ID)["web"]["id"].(string)
-	resp := re.do(re.client(), http.MethodGet, "/preview/"+ownID+"/", nil, map[string]string{"Authorization": "Bearer " + run.Token})
-	if readBody(t, resp); resp.StatusCode != http.StatusOK {
-		t.Fatalf("run's own preview = %d", resp.StatusCode)
+	ownURL := re.services(re.r.Viewer, own.ID)["web"]["url"].(string)
+	if code, _ := getWith(t, ownURL, run.Token); code != http.StatusOK {
+		t.Fatalf("run's own preview = %d", code)
 	}
 	for _, m := range []struct{ method, path string }{{http.MethodGet, api(other.ID)}, {http.MethodPost, api(other.ID) + "/start"}} {
 		if code, _ := re.call(run, m.method, m.path, map[string]any{"name": "web"}); code != http.StatusForbidden {
@@ -260,7 +263,7 @@ func TestRuntimeServicesRunTokensAndTrust(t *testing.T) {
 	if re.services(re.r.Viewer, other.ID)["web"]["status"] != "stopped" {
 		t.Fatal("the other workspace's service moved")
 	}
-	resp = re.do(re.client(), http.MethodGet, "/preview/"+otherID+"/", nil, map[string]string{"Authorization": "Bearer " + run.Token})
+	resp := re.do(re.client(), http.MethodGet, "/preview/"+otherID+"/", nil, map[string]string{"Authorization": "Bearer " + run.Token})
 	if readBody(t, resp); resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("run token on another workspace's preview = %d, want 404", resp.StatusCode)
 	}
@@ -328,8 +331,8 @@ func TestRuntimeServicesPanel(t *testing.T) {
 	// The refreshed fragment shows it running with its link and log tail, and stops polling.
 	resp = re.do(re.browser(re.r.Board), http.MethodGet, page+"?fragment=services", nil, map[string]string{"HX-Request": "true"})
 	body = readBody(t, resp)
-	svID := re.services(re.r.Viewer, ws.ID)["web"]["id"].(string)
-	if resp.StatusCode != 200 || !strings.Contains(body, `href="/preview/`+svID+`/"`) || !strings.Contains(body, "Open preview") ||
+	svURL := re.services(re.r.Viewer, ws.ID)["web"]["url"].(string)
+	if resp.StatusCode != 200 || !strings.HasPrefix(svURL, "http://localhost:") || !strings.Contains(body, `href="`+svURL+`"`) || !strings.Contains(body, "Open preview") ||
 		strings.Contains(body, "every 2s") || !strings.Contains(body, "/services/web/stop") || !strings.Contains(body, "/services/web/restart") {
 		t.Fatalf("running panel = %d %s", resp.StatusCode, body)
 	}
@@ -377,4 +380,18 @@ func panelOf(body string) string {
 	}
 	end := strings.Index(body[at:], "</section>")
 	return body[at : at+end]
+}
+
+// getWith is the status and body of a GET of u with a bearer token.
+func getWith(t *testing.T, u, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, u, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b)
 }
