@@ -437,11 +437,12 @@ func TestNodesScaleOut(t *testing.T) {
 	if code := c.api("POST", "/api/execution-workspaces/"+ws+"/runtime-services/start", c.token, map[string]string{"name": "web"}, nil); code != http.StatusAccepted {
 		t.Fatalf("start the service: %d", code)
 	}
-	var svcID string
+	var svcID, svcURL string
 	c.waitFor("the service to run", time.Minute, func() bool {
 		var list struct {
 			Items []struct {
 				ID     string  `json:"id"`
+				URL    string  `json:"url"`
 				Status string  `json:"status"`
 				NodeID *string `json:"node_id"`
 			} `json:"items"`
@@ -455,13 +456,18 @@ func TestNodesScaleOut(t *testing.T) {
 				if *s.NodeID != svcNode {
 					t.Fatalf("the service runs on %s, its workspace is on %s", *s.NodeID, svcNode)
 				}
-				svcID = s.ID
+				svcID, svcURL = s.ID, s.URL
 				return true
 			}
 		}
 		return false
 	})
-	req, _ := http.NewRequest("GET", c.base+"/preview/"+svcID+"/index.html", nil)
+	// The web node's preview listener serves it (a port of BERTH_PREVIEW_PORTS), forwarding to
+	// the worker that runs it.
+	if !strings.HasPrefix(svcURL, "http://localhost:") {
+		t.Fatalf("the service's url = %q, want a port on the web node's preview listener", svcURL)
+	}
+	req, _ := http.NewRequest("GET", svcURL+"index.html", nil)
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -475,6 +481,13 @@ func TestNodesScaleOut(t *testing.T) {
 	other := map[string]string{"w1": "w2", "w2": "w1"}
 	if code := c.api("GET", "/preview/"+svcID+"/", c.admin, nil, nil); code != http.StatusNotFound {
 		t.Errorf("a non-member's preview: %d, want 404", code)
+	}
+	req, _ = http.NewRequest("GET", svcURL, nil)
+	req.Header.Set("Authorization", "Bearer "+c.admin)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Errorf("a non-member on the preview origin: %v %v, want 404", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 
 	// SIGKILL the worker holding a `sleep 120` run. Each task continues in its workspace, so a

@@ -174,11 +174,10 @@ func writePage(w http.ResponseWriter, status int, msg, link, label string) {
 		` <a href="` + html.EscapeString(link) + `">` + html.EscapeString(label) + "</a></p>\n"))
 }
 
-// workspaceKey carries a request's execution workspace to the transport's dial: a service
-// listens in its workspace's network namespace, reached through Config.Dial. The idle pool is
-// keyed by the target address, and ports are unique per node, so each service's connections
-// stay its own.
-type workspaceKey struct{}
+// The transport's dial finds the request's target (its execution workspace) in its context: a
+// service listens in its workspace's network namespace, reached through Config.Dial. The idle
+// pool is keyed by the target address, and ports are unique per node, so each service's
+// connections stay its own.
 
 // bufferPool lends the reverse proxy its copy buffers (no allocation per response).
 type bufferPool struct{ p sync.Pool }
@@ -190,7 +189,10 @@ func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
 // request's context.
 func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
-		ws, _ := ctx.Value(workspaceKey{}).(string)
+		var ws string
+		if t, ok := ctx.Value(targetKey{}).(*target); ok {
+			ws = t.svc.ExecutionWorkspaceID
+		}
 		_, portText, err := net.SplitHostPort(addr)
 		port, perr := strconv.Atoi(portText)
 		if p.cfg.Dial == nil || ws == "" || err != nil || perr != nil {
@@ -205,10 +207,11 @@ func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport:     tr,
 		BufferPool:    pool,
-		FlushInterval: -1, // stream: SSE and chunked responses reach the browser as they come
+		// 0: a response of known length is copied without a flush per chunk; SSE (text/event-stream)
+		// and bodies of unknown length (chunked) are still flushed as they come (httputil.ReverseProxy).
+		FlushInterval: 0,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(*target)
-			pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), workspaceKey{}, t.svc.ExecutionWorkspaceID))
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", "127.0.0.1:"+strconv.Itoa(t.svc.Port)
 			pr.Out.Host = "" // the service's own 127.0.0.1:PORT (dev servers refuse foreign names)
 			pr.Out.URL.Path, pr.Out.URL.RawPath = pr.In.URL.Path, pr.In.URL.RawPath
