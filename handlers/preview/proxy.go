@@ -205,8 +205,8 @@ func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
 		WriteBufferSize: 32 << 10, ReadBufferSize: 32 << 10}
 	pool := &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
 	return &httputil.ReverseProxy{
-		Transport:     tr,
-		BufferPool:    pool,
+		Transport:  tr,
+		BufferPool: pool,
 		// 0: a response of known length is copied without a flush per chunk; SSE (text/event-stream)
 		// and bodies of unknown length (chunked) are still flushed as they come (httputil.ReverseProxy).
 		FlushInterval: 0,
