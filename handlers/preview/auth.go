@@ -99,7 +99,7 @@ func (p *Proxy) viewer(r *http.Request, id string) (Viewer, bool, error) {
 		if !ok || token == "" {
 			return Viewer{}, false, ErrUnauthorized
 		}
-		v, err := p.cache.viewer("token:"+string(db.HashToken(token)), func() (Viewer, error) {
+		v, err := p.cache.viewer(viewerKey{token: sha256.Sum256([]byte(token))}, func() (Viewer, error) {
 			return p.cfg.Auth.Bearer(ctx, r, token)
 		})
 		return v, err == nil, err
@@ -108,7 +108,7 @@ func (p *Proxy) viewer(r *http.Request, id string) (Viewer, bool, error) {
 	if !ok {
 		return Viewer{}, false, nil
 	}
-	v, err := p.cache.viewer("user:"+userID, func() (Viewer, error) { return p.cfg.Auth.User(ctx, userID) })
+	v, err := p.cache.viewer(viewerKey{user: userID}, func() (Viewer, error) { return p.cfg.Auth.User(ctx, userID) })
 	if errors.Is(err, ErrUnauthorized) {
 		return Viewer{}, false, nil // a disabled or deleted user: sign in again
 	}

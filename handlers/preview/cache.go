@@ -29,9 +29,21 @@ const cacheMax = 4096
 
 type cache struct {
 	mu       sync.Mutex
-	viewers  map[string]entry[Viewer]            // "token:"+hash or "user:"+id
-	grants   map[string]entry[bool]              // viewer key|service id|generation → strip
+	viewers  map[viewerKey]entry[Viewer]         // a bearer token's hash or a cookie's user
+	grants   map[grantKey]entry[bool]            // (viewer, service generation) → strip
 	services map[string]entry[db.RuntimeService] // service id
+}
+
+// viewerKey names a credential without building a string per request.
+type viewerKey struct {
+	token [32]byte // sha256 of a bearer token
+	user  string   // or a preview cookie's user
+}
+
+// grantKey is one viewer's access check for one service generation.
+type grantKey struct {
+	run, id, svc string
+	gen          int64
 }
 
 type entry[V any] struct {
@@ -40,12 +52,12 @@ type entry[V any] struct {
 }
 
 func newCache() *cache {
-	return &cache{viewers: map[string]entry[Viewer]{}, grants: map[string]entry[bool]{},
+	return &cache{viewers: map[viewerKey]entry[Viewer]{}, grants: map[grantKey]entry[bool]{},
 		services: map[string]entry[db.RuntimeService]{}}
 }
 
 // get is m[key] while fresh.
-func get[V any](c *cache, m map[string]entry[V], key string, now time.Time) (V, bool) {
+func get[K comparable, V any](c *cache, m map[K]entry[V], key K, now time.Time) (V, bool) {
 	c.mu.Lock()
 	e, ok := m[key]
 	c.mu.Unlock()
@@ -57,7 +69,7 @@ func get[V any](c *cache, m map[string]entry[V], key string, now time.Time) (V, 
 }
 
 // put keeps v under key for grantTTL.
-func put[V any](c *cache, m map[string]entry[V], key string, v V, now time.Time) {
+func put[K comparable, V any](c *cache, m map[K]entry[V], key K, v V, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(m) >= cacheMax {
@@ -74,7 +86,7 @@ func put[V any](c *cache, m map[string]entry[V], key string, v V, now time.Time)
 }
 
 // viewer is the cached viewer under key, or resolves and keeps it.
-func (c *cache) viewer(key string, resolve func() (Viewer, error)) (Viewer, error) {
+func (c *cache) viewer(key viewerKey, resolve func() (Viewer, error)) (Viewer, error) {
 	now := time.Now()
 	if v, ok := get(c, c.viewers, key, now); ok {
 		return v, nil

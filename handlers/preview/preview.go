@@ -40,14 +40,6 @@ type Viewer struct {
 	RunWorkspaceID string
 }
 
-// key names the viewer in the caches.
-func (v Viewer) key() string {
-	if v.RunID != "" {
-		return "run:" + v.RunID
-	}
-	return "user:" + v.UserID
-}
-
 // ErrUnauthorized is what Auth answers for a credential that names nobody (unknown, revoked,
 // expired, a disabled user, an ended run).
 var ErrUnauthorized = errors.New("preview: credential not valid")

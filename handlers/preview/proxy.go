@@ -97,7 +97,7 @@ func (p *Proxy) ServeInternal(w http.ResponseWriter, r *http.Request, id, userID
 
 // grant is the cached access check of v for svc's generation, with the definition's strip_prefix.
 func (p *Proxy) grant(ctx context.Context, v Viewer, svc db.RuntimeService) (bool, error) {
-	key := v.key() + "|" + svc.ID + "|" + strconv.FormatInt(svc.Generation, 10)
+	key := grantKey{run: v.RunID, id: v.UserID, svc: svc.ID, gen: svc.Generation}
 	now := time.Now()
 	if strip, ok := get(p.cache, p.cache.grants, key, now); ok {
 		return strip, nil
