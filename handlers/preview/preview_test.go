@@ -3,8 +3,8 @@ package preview
 import (
 	"net/http"
 	"net/url"
-	"time"
 	"testing"
+	"time"
 )
 
 // TestSafeNext: a ticket's next is a path of the same origin, never another site.
