@@ -112,8 +112,6 @@ type Server struct {
 	handler     http.Handler
 	stopUI      context.CancelFunc
 	imageSetup  *ImageSetup
-	local       LocalServices // this node's running services (preview_cache.go)
-	dialService func(ctx context.Context, workspaceID string, port int) (net.Conn, error)
 	envChanged  func(environmentID string)
 	prober      *db.Prober     // /api/health's own connection (dbavail.go)
 	nodes       *Nodes         // nodes.go, internal.go
@@ -148,8 +146,6 @@ func New(d Deps) (*Server, error) {
 		proxies:     d.TrustedProxies,
 		imageSetup:  d.ImageSetup,
 		events:      d.Events,
-		local:       d.LocalServices,
-		dialService: d.DialService,
 		envChanged:  d.OnEnvironmentChange,
 		nodes:       d.Nodes,
 		hostChecks:  d.HostChecks,

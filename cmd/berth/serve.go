@@ -124,7 +124,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		Egress:  egressState,
 		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing,
 		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks, Admission: metrics.RunAdmission, Plugins: plugins}
-	var local handlers.LocalServices // the preview proxy trusts this node's supervisor (handlers/preview_cache.go)
+	var local handlers.LocalServices // the preview proxy trusts this node's supervisor (handlers/preview/cache.go)
 	var dialService func(context.Context, string, int) (net.Conn, error)
 	if c.Workers {
 		deps.Services = jobs.NewServices(deps)
