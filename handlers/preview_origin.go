@@ -147,6 +147,9 @@ func (s *Server) previewRedirect(w http.ResponseWriter, r *http.Request) error {
 		canManage = a.canManage()
 	}
 	next := r.URL.Query().Get("next")
+	if next != "" && (!strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n")) {
+		next = "/" // a path of the preview origin, nothing else
+	}
 	if next == "" {
 		rest := strings.TrimPrefix(strings.TrimPrefix(r.URL.Path, "/preview/"+id), "/")
 		next = "/" + rest
