@@ -273,7 +273,7 @@ func (pv *previewProxy) unavailable(w http.ResponseWriter, r *http.Request, a ac
 
 // runtimeServiceRow is a service as the pages show it.
 func runtimeServiceRow(svc db.RuntimeService, canControl bool) views.ServiceRow {
-	return views.ServiceRow{ID: svc.ID, Name: svc.Name, Status: svc.Status, Health: svc.Health, Port: svc.Port,
+	return views.ServiceRow{ID: svc.ID, Name: svc.Name, Status: svc.Reported(), Health: svc.Health, Port: svc.Port,
 		URL: "/preview/" + svc.ID + "/", StopPolicy: svc.StopPolicy, StopReason: svc.StopReason, ExitCode: svc.ExitCode,
 		LogExcerpt: svc.LogExcerpt, CanControl: canControl, WorkspaceID: svc.ExecutionWorkspaceID}
 }

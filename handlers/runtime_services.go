@@ -45,7 +45,7 @@ type runtimeServiceJSON struct {
 }
 
 func newRuntimeServiceJSON(s db.RuntimeService) runtimeServiceJSON {
-	out := runtimeServiceJSON{ID: s.ID, Name: s.Name, Status: s.Status, Health: s.Health, URL: "/preview/" + s.ID + "/",
+	out := runtimeServiceJSON{ID: s.ID, Name: s.Name, Status: s.Reported(), Health: s.Health, URL: "/preview/" + s.ID + "/",
 		DesiredState: s.DesiredState, StopPolicy: s.StopPolicy, Lifecycle: s.Lifecycle, StartedAt: utcPtr(s.StartedAt),
 		StoppedAt: utcPtr(s.StoppedAt), ExitCode: s.ExitCode, LogExcerpt: s.LogExcerpt, StopReason: optional(s.StopReason),
 		Generation: s.Generation, NodeID: optional(s.NodeID)}
