@@ -65,8 +65,14 @@ func BenchmarkIdleServer(b *testing.B) {
 		time.Sleep(5 * time.Second) // let the run's last jobs and stats flushes drain
 		b.ResetTimer()
 		tx0, cpu0, t0 := dbTransactions(b, w), processCPU(b, cmd.Process.Pid), time.Now()
+		tables0 := tableScans(b, w)
 		time.Sleep(idle)
 		tx1, cpu1, t1 := dbTransactions(b, w), processCPU(b, cmd.Process.Pid), time.Now()
+		for name, n := range tableScans(b, w) {
+			if d := n - tables0[name]; d > 0 {
+				b.Logf("idle: %-28s %5d scans and writes", name, d)
+			}
+		}
 		b.StopTimer()
 		events := stop()
 		secs := t1.Sub(t0).Seconds()
@@ -89,6 +95,28 @@ func dbTransactions(b *testing.B, w *crashWorld) int64 {
 		b.Fatal(err)
 	}
 	return n
+}
+
+// tableScans is, per table of the world database, its scans plus rows written so far: which
+// tables an idle server still touches (logged, for finding what polls).
+func tableScans(b *testing.B, w *crashWorld) map[string]int64 {
+	b.Helper()
+	rows, err := w.pool.Query(context.Background(), `SELECT relname, coalesce(seq_scan, 0) + coalesce(idx_scan, 0) +
+		n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
+			b.Fatal(err)
+		}
+		out[name] = n
+	}
+	return out
 }
 
 // processCPU is the user plus system CPU seconds process pid has used.
