@@ -128,9 +128,9 @@ func processCPU(b *testing.B, pid int) float64 {
 	}
 	s := string(raw)
 	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from 3 (state) on
-	ut, _ := strconv.ParseFloat(fields[11], 64)                     // field 14 utime
-	st, _ := strconv.ParseFloat(fields[12], 64)                     // field 15 stime
-	return (ut + st) / 100                                          // USER_HZ is 100 on Linux
+	ut, _ := strconv.ParseFloat(fields[11], 64)                   // field 14 utime
+	st, _ := strconv.ParseFloat(fields[12], 64)                   // field 15 stime
+	return (ut + st) / 100                                        // USER_HZ is 100 on Linux
 }
 
 // holdSSE signs in as the admin and keeps /events open; stop closes it and answers how many
