@@ -12,9 +12,10 @@ GO_TEST_FLAGS ?=
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-run: build ## Start Berth on the embedded PostgreSQL in ./.berth (prints the URL and the login); your home and the demo directory may hold local sources
+run: build ## Check the machine (berth doctor: only what fails), then start Berth on the embedded PostgreSQL in ./.berth (prints the URL and the login); your home and the demo directory may hold local sources
 	export BERTH_DATA_DIR=$${BERTH_DATA_DIR:-$(DATA_DIR)}; \
 	export BERTH_SOURCE_ROOTS=$${BERTH_SOURCE_ROOTS:-$$HOME:$$BERTH_DATA_DIR/demo}; \
+	./bin/berth doctor --quiet || { echo "make run: fix what berth doctor reports above (./bin/berth doctor lists every check)"; exit 1; }; \
 	./bin/berth serve --demo
 
 build: assets ## Build bin/berth

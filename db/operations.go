@@ -8,6 +8,15 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// Ledger step statuses (workspace_operations.status). A step Berth decided not to run is
+// OpSkipped with the reason in its log, never OpSucceeded: the ledger says what happened.
+const (
+	OpRunning   = "running"
+	OpSucceeded = "succeeded"
+	OpFailed    = "failed"
+	OpSkipped   = "skipped"
+)
+
 // Operation is one step in the workspace ledger: written before it starts, settled when it ends.
 type Operation struct {
 	ID                   string
@@ -162,12 +171,12 @@ func AttachRunOperations(ctx context.Context, q Querier, runID, workspaceID stri
 	return nil
 }
 
-// RunStepSucceeded reports whether a run already has a succeeded step of phase (a retried job
-// skips it).
+// RunStepSucceeded reports whether a run already has a settled step of phase that a retried job
+// must not repeat: succeeded, or skipped by the plan.
 func RunStepSucceeded(ctx context.Context, q Querier, runID, phase string) bool {
 	var done bool
 	_ = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM workspace_operations WHERE run_id = $1 AND phase = $2
-		AND status = 'succeeded')`, runID, phase).Scan(&done)
+		AND status IN ('succeeded', 'skipped'))`, runID, phase).Scan(&done)
 	return done
 }
 

@@ -61,6 +61,21 @@ type RuntimeService struct {
 	LastRequestAt        *time.Time
 	CreatedAt            time.Time
 	UpdatedAt            time.Time
+	// StartRequestedAt is when the last start or restart was accepted (nil: never).
+	StartRequestedAt *time.Time
+}
+
+// Reported is the status callers see: the row's own status, except that a start accepted after
+// the service last ended reads starting while the row still says stopped or failed (the start
+// job has not picked it up yet). The job side works on Status.
+func (s RuntimeService) Reported() string {
+	if s.DesiredState != DesiredRunning || (s.Status != ServiceStopped && s.Status != ServiceFailed) || s.StartRequestedAt == nil {
+		return s.Status
+	}
+	if s.StoppedAt == nil || s.StartRequestedAt.After(*s.StoppedAt) {
+		return ServiceStarting
+	}
+	return s.Status
 }
 
 // Live reports whether the service may have processes: starting, running or stopping.
@@ -72,7 +87,7 @@ const runtimeServiceColumns = `id, company_id, execution_workspace_id, coalesce(
 	coalesce(run_id::text, ''), name, command, cwd, coalesce(port, 0), status, health, desired_state, stop_policy,
 	lifecycle, idle_timeout_s, coalesce(pid, 0), coalesce(pgid, 0), coalesce(process_start, 0), node_id,
 	supervisor_id, log_path, generation, restarts, exit_code, log_excerpt, stop_reason, started_at, stopped_at,
-	last_request_at, created_at, updated_at`
+	last_request_at, created_at, updated_at, start_requested_at`
 
 func scanRuntimeService(row pgx.Row) (RuntimeService, error) {
 	var s RuntimeService
@@ -80,7 +95,7 @@ func scanRuntimeService(row pgx.Row) (RuntimeService, error) {
 	err := row.Scan(&s.ID, &s.CompanyID, &s.ExecutionWorkspaceID, &s.ProjectWorkspaceID, &s.RunID, &s.Name, &s.Command,
 		&s.Cwd, &s.Port, &s.Status, &s.Health, &s.DesiredState, &s.StopPolicy, &s.Lifecycle, &s.IdleTimeoutS, &s.PID,
 		&s.PGID, &start, &s.NodeID, &s.SupervisorID, &s.LogPath, &s.Generation, &s.Restarts, &s.ExitCode,
-		&s.LogExcerpt, &s.StopReason, &s.StartedAt, &s.StoppedAt, &s.LastRequestAt, &s.CreatedAt, &s.UpdatedAt)
+		&s.LogExcerpt, &s.StopReason, &s.StartedAt, &s.StoppedAt, &s.LastRequestAt, &s.CreatedAt, &s.UpdatedAt, &s.StartRequestedAt)
 	s.ProcessStart = uint64(start)
 	return s, notFound(err)
 }
@@ -149,7 +164,7 @@ func WorkspaceRuntimeServices(ctx context.Context, q Querier, companyID, workspa
 func SetRuntimeServiceDesired(ctx context.Context, q Querier, id, desired, runID string) (RuntimeService, error) {
 	return scanRuntimeService(q.QueryRow(ctx, `UPDATE runtime_services
 		SET desired_state = $2, run_id = coalesce($3::uuid, run_id), restarts = CASE WHEN $2 = 'running' THEN 0 ELSE restarts END,
-			updated_at = now()
+			start_requested_at = CASE WHEN $2 = 'running' THEN clock_timestamp() ELSE start_requested_at END, updated_at = now()
 		WHERE id = $1 RETURNING `+runtimeServiceColumns, id, desired, nullable(runID)))
 }
 

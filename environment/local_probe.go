@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"unicode/utf8"
 )
 
 // Probe checks that /bin/sh runs a command with Berth's environment handling, and that a file can
@@ -64,11 +65,42 @@ func (d *local) probeShell(ctx context.Context) Check {
 	case err != nil:
 		c.Detail = "running /bin/sh failed: " + err.Error()
 	case res.TimedOut || res.ExitCode != 0 || out.String() != "berth-probe\n":
-		c.Detail = fmt.Sprintf("/bin/sh -c did not run a test command (exit %d)", res.ExitCode)
+		c.Detail = fmt.Sprintf("/bin/sh -c did not run a test command (exit %d)", res.ExitCode) +
+			failureOutput(out.String(), "berth-probe", d.probeDir, d.dataDir)
 	default:
 		c.Status, c.Detail = CheckPass, "/bin/sh runs commands"
 	}
 	return c
+}
+
+// maxFailureOutput is how much of a failed probe command's output (bubblewrap's own complaint,
+// typically) a check's detail quotes.
+const maxFailureOutput = 300
+
+// failureOutput is ": " and the last maxFailureOutput bytes of what a failed probe command
+// printed, on one line, with expected (the test command's own output) dropped and every host path
+// in hide replaced by "…" (details never name Berth's directories); "" when it printed nothing
+// else. bubblewrap writes why it could not build the jail ("bwrap: Can't mkdir …") to the same
+// log, so this is the real reason a jailed shell failed.
+func failureOutput(out, expected string, hide ...string) string {
+	out = strings.ReplaceAll(out, expected+"\n", "")
+	for _, h := range hide {
+		if h != "" && h != "/" {
+			out = strings.ReplaceAll(out, h, "…")
+		}
+	}
+	out = strings.Join(strings.Fields(strings.ToValidUTF8(out, "?")), " ")
+	if out == "" {
+		return ""
+	}
+	if len(out) > maxFailureOutput {
+		cut := len(out) - maxFailureOutput
+		for cut < len(out) && !utf8.RuneStart(out[cut]) {
+			cut++
+		}
+		out = "…" + out[cut:]
+	}
+	return ": " + out
 }
 
 // probeScratch creates, writes and removes a file in dir. Details never name the directory.

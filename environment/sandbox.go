@@ -169,7 +169,8 @@ func (d *sandbox) Probe(ctx context.Context) (ProbeResult, error) {
 		case err != nil:
 			c.Detail = "the sandbox did not start: " + err.Error()
 		case res.ExitCode != 0 || out.String() != fmt.Sprintf("berth-probe\n%d\n", d.jail.SandboxUser().UID):
-			c.Detail = fmt.Sprintf("the sandbox did not run a test command (exit %d)", res.ExitCode)
+			c.Detail = fmt.Sprintf("the sandbox did not run a test command (exit %d)", res.ExitCode) +
+				failureOutput(out.String(), "berth-probe", d.probeDir, d.dataDir, d.image)
 		default:
 			c.Status, c.Detail = CheckPass, fmt.Sprintf("commands run in a bubblewrap sandbox as uid %d", d.jail.SandboxUser().UID)
 		}

@@ -21,15 +21,13 @@ type SetupShell struct {
 }
 
 // setupShellCommand picks bash when the image or the host has it, else sh, and runs it
-// interactively under script(1) when available: bubblewrap's --new-session leaves the jail
-// without a controlling terminal, and script gives the shell a pty of its own inside the jail
-// (job control, Ctrl-C reaching the foreground command instead of the jail).
+// interactively right on Berth's pty (jail.Spec.Terminal: the pty is its controlling terminal, so
+// job control, Ctrl-C and window resizes reach it; no script(1) in between).
 const setupShellCommand = `sh=/bin/sh
 for c in /opt/image/bin/bash /usr/bin/bash /bin/bash; do
   if [ -x "$c" ]; then sh=$c; break; fi
 done
 cd /opt/image 2>/dev/null || true
-if [ -x /usr/bin/script ]; then SHELL=$sh exec /usr/bin/script -qfec "$sh -i" /dev/null; fi
 exec "$sh" -i`
 
 // SetupShellCommand makes the jailed command of a setup shell, ready for a pty. done hands the
@@ -47,7 +45,7 @@ func SetupShellCommand(s SetupShell) (*exec.Cmd, func(), error) {
 	spec := jail.Spec{Profile: jail.Setup, Bwrap: s.Jail.Bwrap, Prlimit: s.Jail.Prlimit, Workspace: s.Workspace,
 		Image: s.Layer, Network: s.Config.SetupNetwork, Command: setupShellCommand,
 		Env:    map[string]string{"TERM": "xterm-256color", "LANG": "C.UTF-8", "HOME": "/tmp"},
-		Limits: jail.Limits{PidsMax: s.Config.PidsMax}}
+		Limits: jail.Limits{PidsMax: s.Config.PidsMax}, Terminal: true}
 	c, err := s.Jail.Build(spec)
 	if err != nil {
 		return nil, nil, fmt.Errorf("setup shell: %w: %w", err, ErrInvalidRequest)

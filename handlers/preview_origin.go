@@ -194,7 +194,7 @@ func (s *Server) previewUnavailable(w http.ResponseWriter, r *http.Request, canM
 
 // runtimeServiceRow is a service as the pages show it, with its absolute preview URL.
 func (s *Server) runtimeServiceRow(svc db.RuntimeService, canControl bool) views.ServiceRow {
-	return views.ServiceRow{ID: svc.ID, Name: svc.Name, Status: svc.Status, Health: svc.Health, Port: svc.Port,
+	return views.ServiceRow{ID: svc.ID, Name: svc.Name, Status: svc.Reported(), Health: svc.Health, Port: svc.Port,
 		URL: s.preview.URL(svc), StopPolicy: svc.StopPolicy, StopReason: svc.StopReason, ExitCode: svc.ExitCode,
 		LogExcerpt: svc.LogExcerpt, CanControl: canControl, WorkspaceID: svc.ExecutionWorkspaceID}
 }

@@ -45,7 +45,7 @@ type runtimeServiceJSON struct {
 }
 
 func (srv *Server) newRuntimeServiceJSON(s db.RuntimeService) runtimeServiceJSON {
-	out := runtimeServiceJSON{ID: s.ID, Name: s.Name, Status: s.Status, Health: s.Health, URL: srv.preview.URL(s),
+	out := runtimeServiceJSON{ID: s.ID, Name: s.Name, Status: s.Reported(), Health: s.Health, URL: srv.preview.URL(s),
 		DesiredState: s.DesiredState, StopPolicy: s.StopPolicy, Lifecycle: s.Lifecycle, StartedAt: utcPtr(s.StartedAt),
 		StoppedAt: utcPtr(s.StoppedAt), ExitCode: s.ExitCode, LogExcerpt: s.LogExcerpt, StopReason: optional(s.StopReason),
 		Generation: s.Generation, NodeID: optional(s.NodeID)}

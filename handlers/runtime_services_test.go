@@ -145,11 +145,20 @@ func TestRuntimeServicesAPI(t *testing.T) {
 		t.Fatalf("second list = %v", again)
 	}
 
-	// Start → 202; a second start is 202 too and leads to the same single running server.
-	for range 2 {
+	// Start → 202, and the service reads starting from that moment (never stopped at generation 0);
+	// a second start is 202 too and leads to the same single running server.
+	for i := range 2 {
 		code, out := re.call(re.r.Board, http.MethodPost, base+"/start", map[string]any{"name": "web"})
 		if code != http.StatusAccepted || out["id"] != webID || out["desired_state"] != "running" {
 			t.Fatalf("start = %d %v", code, out)
+		}
+		if st := out["status"]; (i == 0 && st != "starting") || st == "stopped" {
+			t.Fatalf("start %d answered status %v, want starting", i+1, st)
+		}
+		if i == 0 {
+			if st := re.services(re.r.Viewer, ws.ID)["web"]["status"]; st != "starting" && st != "running" {
+				t.Fatalf("the list right after an accepted start = %v", st)
+			}
 		}
 	}
 	sv := re.waitService(ws.ID, "web", "running and healthy", serviceIs("running", "healthy"))

@@ -169,14 +169,22 @@ type ClientOptions struct {
 	MaxWorkers int
 }
 
-// tunedConfig is the client configuration every Berth process uses: a 5 ms fetch cooldown and a
-// 50 ms poll interval on top of LISTEN/NOTIFY, for low pickup latency (docs/jobs.md).
+// fetchPollInterval is how often an idle client looks for jobs without being told: only a
+// fallback, since every insert notifies the queue (LISTEN/NOTIFY) and River's scheduler notifies
+// for retried and scheduled jobs. 50 ms cost ~40 queries/s on an idle server (two queues). River
+// drops an insert's notification when the queue was notified within FetchCooldown, hence the
+// 1 ms cooldown: with 5 ms, quick job chains waited for this poll (docs/jobs.md).
+const fetchPollInterval = 5 * time.Second
+
+// tunedConfig is the client configuration every Berth process uses: a 1 ms fetch cooldown on top
+// of LISTEN/NOTIFY for low pickup latency, and a fallback poll that costs an idle server little
+// (docs/jobs.md).
 func tunedConfig(d Deps, workers *river.Workers) *river.Config {
 	return &river.Config{
 		Logger:            d.Log.With("component", "river"),
 		Workers:           workers,
-		FetchCooldown:     5 * time.Millisecond,
-		FetchPollInterval: 50 * time.Millisecond,
+		FetchCooldown:     time.Millisecond,
+		FetchPollInterval: fetchPollInterval,
 		JobTimeout:        10 * time.Minute,
 		MaxAttempts:       10,
 		// The client id names the node (see Executing); the middleware registers and heartbeats
@@ -186,8 +194,8 @@ func tunedConfig(d Deps, workers *river.Workers) *river.Config {
 	}
 }
 
-// NewClient builds the River client, tuned for low pickup latency: a 5 ms fetch cooldown and a
-// 50 ms poll interval on top of LISTEN/NOTIFY (see docs/jobs.md for the measured effect).
+// NewClient builds the River client, tuned for low pickup latency: a 1 ms fetch cooldown on top
+// of LISTEN/NOTIFY, with a 5 s fallback poll (see docs/jobs.md for the measured effect).
 func NewClient(d Deps, opts ClientOptions) (*river.Client[pgx.Tx], error) {
 	if d.Executing == nil {
 		d.Executing = NewExecuting(d.NodeID)

@@ -256,7 +256,7 @@ func (w runWorker) setupStep(ctx context.Context, run db.Run, ws db.ExecutionWor
 	if !plan.HostScriptsAllowed {
 		return w.operation(ctx, op, func(log *environment.LogBuffer) (*int, error) {
 			fmt.Fprintln(log, "skipped: the plan does not allow host setup scripts")
-			return nil, nil
+			return nil, errStepSkipped
 		})
 	}
 	return w.operation(ctx, op, func(log *environment.LogBuffer) (*int, error) {

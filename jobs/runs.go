@@ -40,7 +40,12 @@ const (
 	codeExecutorFailure = "executor_failed"
 )
 
-// operation runs step as a ledger entry: written running before, settled after with its log.
+// errStepSkipped is what a step returns when it decided not to run: its ledger entry reads
+// skipped (the log says why), and the run goes on.
+var errStepSkipped = errors.New("step skipped")
+
+// operation runs step as a ledger entry: written running before, settled after with its log
+// (succeeded, failed, or skipped when step returns errStepSkipped).
 func (w runWorker) operation(ctx context.Context, n db.NewOperation, step func(log *environment.LogBuffer) (exit *int, err error)) error {
 	n.NodeID = w.deps.NodeID
 	op, err := db.StartOperation(ctx, w.deps.Pool, n)
@@ -49,10 +54,13 @@ func (w runWorker) operation(ctx context.Context, n db.NewOperation, step func(l
 	}
 	log := environment.NewLogBuffer(environment.LogOptions{Limit: 256 << 10})
 	exit, stepErr := step(log)
-	res := db.OperationResult{Status: "succeeded", ExitCode: exit, Log: log.Bytes(), LogBytes: log.Total(),
+	res := db.OperationResult{Status: db.OpSucceeded, ExitCode: exit, Log: log.Bytes(), LogBytes: log.Total(),
 		LogSHA256: log.SHA256(), LogTruncated: log.Truncated()}
-	if stepErr != nil {
-		res.Status, res.Error = "failed", stepErr.Error()
+	switch {
+	case errors.Is(stepErr, errStepSkipped):
+		res.Status, stepErr = db.OpSkipped, nil
+	case stepErr != nil:
+		res.Status, res.Error = db.OpFailed, stepErr.Error()
 	}
 	if err := db.FinishOperation(context.WithoutCancel(ctx), w.deps.Pool, op.ID, res); err != nil {
 		return errors.Join(stepErr, err)

@@ -212,7 +212,7 @@ func (m *Services) start(ctx context.Context, svc db.RuntimeService) error {
 			end.ExitCode = &code
 		}
 		_, e1 := db.MarkRuntimeServiceEnded(ctx, m.deps.Pool, svc.ID, row.Generation, end)
-		e2 := db.FinishOperation(ctx, m.deps.Pool, op.ID, db.OperationResult{Status: "failed", ExitCode: end.ExitCode,
+		e2 := db.FinishOperation(ctx, m.deps.Pool, op.ID, db.OperationResult{Status: db.OpFailed, ExitCode: end.ExitCode,
 			Log: []byte(excerpt), LogBytes: int64(len(excerpt)), Error: err.Error()})
 		m.log.InfoContext(ctx, "service failed to start", "service_id", svc.ID, "err", err)
 		return errors.Join(e1, e2)
@@ -222,7 +222,7 @@ func (m *Services) start(ctx context.Context, svc db.RuntimeService) error {
 		_ = m.sup.Stop(context.WithoutCancel(ctx), svc.ID)
 		return err
 	}
-	_ = db.FinishOperation(ctx, m.deps.Pool, op.ID, db.OperationResult{Status: "succeeded", Log: []byte(excerpt), LogBytes: int64(len(excerpt))})
+	_ = db.FinishOperation(ctx, m.deps.Pool, op.ID, db.OperationResult{Status: db.OpSucceeded, Log: []byte(excerpt), LogBytes: int64(len(excerpt))})
 	m.recordPreview(ctx, row)
 	go m.watch(p, row)
 	return nil
@@ -324,12 +324,12 @@ func (m *Services) stop(ctx context.Context, svc db.RuntimeService, reason strin
 	}
 	excerpt, _ := environment.LogTail(svc.LogPath, serviceExcerpt)
 	if stopErr != nil {
-		_ = db.FinishOperation(ctx, m.deps.Pool, op.ID, db.OperationResult{Status: "failed", Error: stopErr.Error()})
+		_ = db.FinishOperation(ctx, m.deps.Pool, op.ID, db.OperationResult{Status: db.OpFailed, Error: stopErr.Error()})
 		return stopErr
 	}
 	_, err = db.MarkRuntimeServiceEnded(ctx, m.deps.Pool, svc.ID, 0, db.ServiceEnd{Status: db.ServiceStopped, ExitCode: code,
 		LogExcerpt: excerpt, StopReason: reason})
-	return errors.Join(err, db.FinishOperation(ctx, m.deps.Pool, op.ID, db.OperationResult{Status: "succeeded"}))
+	return errors.Join(err, db.FinishOperation(ctx, m.deps.Pool, op.ID, db.OperationResult{Status: db.OpSucceeded}))
 }
 
 // StopWorkspace stops every service of a workspace that is live or should run (close; finalize

@@ -35,6 +35,9 @@ run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
 run ./db/backup/ 'BenchmarkBackup1000Runs' 3x
 # Scale-out (docs/scaling.md "Figures"): runs/s end to end with 1 and 2 worker nodes on one database.
 run ./cmd/berth/ 'BenchmarkNodesRunsPerSecond' 1x
+# Idle cost (issue 21): a server with one finished run and an open SSE stream, idle for
+# BERTH_IDLE_SECONDS (60): database queries/s and CPU % of one core.
+run ./cmd/berth/ 'BenchmarkIdleServer' 1x
 # Copy realization vs cp -a, interleaved, on a 5,000-file / 100 MB tree (before the 1x smoke run,
 # so the summary's ratio is this one).
 BERTH_BENCH_FILES=5000 BERTH_BENCH_MB=100 run ./workspace/ 'BenchmarkCopyVsCp' 7x

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -66,7 +67,7 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 // baseConfig reads the settings every command shares and registers their flags on fs.
 func baseConfig(fs *flag.FlagSet, getenv func(string) string) *config {
 	c := &config{}
-	fs.StringVar(&c.DataDir, "data-dir", defaultDataDir(getenv), "data directory (BERTH_DATA_DIR)")
+	fs.StringVar(&c.DataDir, "data-dir", defaultDataDir(getenv, os.Geteuid()), "data directory (BERTH_DATA_DIR)")
 	c.DatabaseURL = getenv("DATABASE_URL")
 	c.LogLevel = slog.LevelInfo
 	if lv := getenv("BERTH_LOG_LEVEL"); lv != "" {
@@ -77,10 +78,18 @@ func baseConfig(fs *flag.FlagSet, getenv func(string) string) *config {
 	return c
 }
 
-// defaultDataDir is BERTH_DATA_DIR, else $XDG_DATA_HOME/berth, else ~/.local/share/berth.
-func defaultDataDir(getenv func(string) string) string {
+// systemDataDir is the data dir of a Berth run by root without BERTH_DATA_DIR: a system service's
+// place (FHS /var/lib), not root's home, whose 0700 parents nothing else may traverse.
+const systemDataDir = "/var/lib/berth"
+
+// defaultDataDir is BERTH_DATA_DIR; else, for root (euid 0), /var/lib/berth; else
+// $XDG_DATA_HOME/berth, else ~/.local/share/berth.
+func defaultDataDir(getenv func(string) string, euid int) string {
 	if d := getenv("BERTH_DATA_DIR"); d != "" {
 		return d
+	}
+	if euid == 0 {
+		return systemDataDir
 	}
 	if d := getenv("XDG_DATA_HOME"); d != "" {
 		return filepath.Join(d, "berth")

@@ -38,7 +38,7 @@ const crashNode = "crash-node"
 // crashWorld is a database with a company, a local environment and a project on a git
 // repository, and a data directory for its workers.
 type crashWorld struct {
-	t                      *testing.T
+	t                      testing.TB
 	conn                   string
 	pool                   *pgxpool.Pool
 	company, user, project string
@@ -46,14 +46,14 @@ type crashWorld struct {
 	ins                    *river.Client[pgx.Tx]
 }
 
-func newCrashWorld(t *testing.T, setup string) *crashWorld {
+func newCrashWorld(t testing.TB, setup string) *crashWorld {
 	t.Helper()
 	return crashWorldOn(t, dbtest.ConnString(t), jailtest.Dir(t), setup)
 }
 
 // crashWorldOn seeds the database at conn (migrated) with a crash world's company, board member,
 // local environment and project; the project workspace runs setup ("" for none).
-func crashWorldOn(t *testing.T, conn, dataDir, setup string) *crashWorld {
+func crashWorldOn(t testing.TB, conn, dataDir, setup string) *crashWorld {
 	t.Helper()
 	ctx := context.Background()
 	w := &crashWorld{t: t, conn: conn, dataDir: dataDir}
@@ -271,7 +271,7 @@ func lines(t *testing.T, path string) int {
 }
 
 // survivors lists the command names of the live processes tagged with runID.
-func survivors(t *testing.T, runID string) []string {
+func survivors(t testing.TB, runID string) []string {
 	t.Helper()
 	pids, err := environment.FindTagged(runID)
 	if err != nil {

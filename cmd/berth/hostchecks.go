@@ -10,7 +10,7 @@ import (
 
 // hostChecks is what the dashboard's first-run checklist says about this machine: the facts this
 // process found at start (bubblewrap, prlimit and the run user; whether it runs jobs). `berth
-// doctor` (issue 21) is the fuller set; this is the part a server knows without running anything.
+// doctor` (cmd/berth/doctor.go) is the fuller set; this is the part a server knows without running anything.
 func hostChecks(d jobs.Deps, c config) func(context.Context) []handlers.HostCheck {
 	return func(context.Context) []handlers.HostCheck {
 		out := []handlers.HostCheck{}

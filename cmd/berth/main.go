@@ -44,6 +44,8 @@ commands:
   backup DIR  back the instance up into DIR (incremental): --key-out FILE or --passphrase-file FILE
   restore DIR restore a backup into an empty data dir / database: --key-file FILE or --passphrase-file FILE
               [--manifest NAME]
+  doctor      check this machine (bubblewrap, namespaces, PostgreSQL, data dir, run user, …) and
+              say how to fix what does not hold [--quiet: only what does not hold]
   version     print the version
 
 configuration (environment): BERTH_ADDR, BERTH_DATA_DIR, BERTH_BASE_URL, DATABASE_URL,
@@ -90,6 +92,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		return backupCmd(ctx, rest, getenv, stdout, stderr)
 	case "restore":
 		return restoreCmd(ctx, rest, getenv, stdout, stderr)
+	case "doctor":
+		return doctorCmd(ctx, rest, getenv, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, "berth", version)
 		return nil

@@ -168,7 +168,7 @@ func TestMigrateTwice(t *testing.T) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -179,7 +179,7 @@ func freeAddr(t *testing.T) string {
 }
 
 // waitHealthy polls /api/health until it answers 200 or the deadline passes.
-func waitHealthy(t *testing.T, base string, deadline time.Duration) {
+func waitHealthy(t testing.TB, base string, deadline time.Duration) {
 	t.Helper()
 	end := time.Now().Add(deadline)
 	for time.Now().Before(end) {
@@ -234,7 +234,7 @@ func TestServeInProcess(t *testing.T) {
 }
 
 // berthProc starts the test binary as `berth args…` with the given environment.
-func berthProc(t *testing.T, vars map[string]string, stdin string, args ...string) *exec.Cmd {
+func berthProc(t testing.TB, vars map[string]string, stdin string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "BERTH_TEST_AS_MAIN=1", "DATABASE_URL=")

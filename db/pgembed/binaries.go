@@ -111,3 +111,10 @@ func ClientDirs(ctx context.Context, major string) []string {
 	}
 	return out
 }
+
+// FindServer is the PostgreSQL bin directory Start would use for a new cluster (binDir when
+// given): what `berth doctor` reports. It answers ErrNoBinaries when there is none.
+func FindServer(ctx context.Context, binDir string) (string, error) {
+	b, err := findBinaries(ctx, binDir, "")
+	return string(b), err
+}

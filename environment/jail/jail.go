@@ -157,6 +157,13 @@ type Spec struct {
 	// Passwd and Group are the /etc/passwd and /etc/group of the sandbox (generated, with the
 	// sandbox user); Build fills defaults when empty.
 	Passwd, Group []byte
+	// Terminal means the command's stdio is a pty Berth made for this jail alone (a setup
+	// session's shell): the jail then keeps bubblewrap's session (no --new-session), so the pty is
+	// the shell's controlling terminal and a resize (TIOCSWINSZ on Berth's master) reaches the
+	// shell's foreground job as SIGWINCH. TIOCSTI needs no guard there: the only reader of that
+	// pty's input is the jail itself, so a pushed character can reach nothing outside it.
+	// Commands of runs are never given a terminal and always get --new-session.
+	Terminal bool
 }
 
 // Cmd is a jail ready to start: run Path with Args and Env, with Data[i] readable on file
@@ -179,7 +186,10 @@ func Build(s Spec) (Cmd, error) {
 		return Cmd{}, fmt.Errorf("build jail: %w", err)
 	}
 	a := argv{}
-	a.add("--die-with-parent", "--new-session")
+	a.add("--die-with-parent")
+	if !s.Terminal {
+		a.add("--new-session") // no TIOCSTI into a terminal Berth shares with anything outside
+	}
 	if s.RunAs == nil {
 		a.add("--unshare-user")
 	}

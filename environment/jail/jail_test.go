@@ -230,3 +230,19 @@ func TestBuildRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestBuildTerminal: only a Terminal spec (a setup shell on a pty Berth made for it) keeps the
+// session; every other jail gets --new-session.
+func TestBuildTerminal(t *testing.T) {
+	for _, term := range []bool{false, true} {
+		s := sandboxSpec()
+		s.Profile, s.Terminal = Setup, term
+		c, err := Build(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := index(c.Args, "--new-session") >= 0; got == term {
+			t.Errorf("Terminal=%t: --new-session present=%t: %q", term, got, c.Args)
+		}
+	}
+}
