@@ -30,7 +30,8 @@ var ErrUnavailable = errors.New("network namespaces unavailable")
 
 // Namespace is one network namespace with its loopback up. It lives while its handle is open.
 type Namespace struct {
-	f *os.File
+	mu sync.RWMutex // Close waits for a Do that is entering the namespace through f
+	f  *os.File     // nil once closed
 }
 
 // Available reports whether this process can make network namespaces.
@@ -75,17 +76,39 @@ func New() (*Namespace, error) {
 }
 
 // Close drops this handle; the namespace ends when nothing else (a process, a socket) is in it.
-func (n *Namespace) Close() error { return n.f.Close() }
+func (n *Namespace) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.f == nil {
+		return nil
+	}
+	err := n.f.Close()
+	n.f = nil
+	return err
+}
 
 // Do runs fn on an OS thread inside the namespace: sockets fn makes are in the namespace, and so
 // are processes it forks (bubblewrap started there keeps the namespace for its jail).
 func (n *Namespace) Do(fn func() error) error {
 	return onThread(func() error {
-		if err := unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("netns: enter: %w", err)
+		if err := n.enter(); err != nil {
+			return err
 		}
 		return fn()
 	})
+}
+
+// enter moves the calling (locked) thread into the namespace; a closed handle is net.ErrClosed.
+func (n *Namespace) enter() error {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if n.f == nil {
+		return fmt.Errorf("netns: enter: %w", net.ErrClosed)
+	}
+	if err := unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("netns: enter: %w", err)
+	}
+	return nil
 }
 
 // Dial connects to addr inside the namespace.
