@@ -115,3 +115,23 @@ func WorkspaceWorkProducts(ctx context.Context, q Querier, companyID, workspaceI
 	}
 	return collectWorkProducts(rows)
 }
+
+// CreateWorkProduct records a product a person or an agent adds by hand (POST
+// /api/tasks/{id}/work-products) and returns it; unlike AddWorkProduct it never deduplicates.
+func CreateWorkProduct(ctx context.Context, q Querier, p WorkProduct) (WorkProduct, error) {
+	meta := p.Metadata
+	if meta == nil {
+		meta = map[string]any{}
+	}
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return WorkProduct{}, fmt.Errorf("create work product: %w", err)
+	}
+	wp, err := scanWorkProduct(q.QueryRow(ctx, `INSERT INTO work_products (company_id, task_id, run_id, execution_workspace_id, kind, ref, url, path, metadata)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING `+workProductColumns,
+		p.CompanyID, nullable(p.TaskID), nullable(p.RunID), nullable(p.ExecutionWorkspaceID), p.Kind, p.Ref, p.URL, p.Path, b))
+	if err != nil {
+		return WorkProduct{}, fmt.Errorf("create work product: %w", err)
+	}
+	return wp, nil
+}

@@ -33,7 +33,7 @@ type runPrincipal struct {
 	ip          string // the caller's address, for audit events written without the request
 }
 
-// owns reports whether the row table/id is the run's own task or execution workspace.
+// owns reports whether the row table/id is the run's own task, execution workspace or run.
 func (rp *runPrincipal) owns(table, id string) bool {
 	id = strings.ToLower(id)
 	switch table {
@@ -41,6 +41,8 @@ func (rp *runPrincipal) owns(table, id string) bool {
 		return rp.TaskID != "" && id == rp.TaskID
 	case "execution_workspaces":
 		return rp.WorkspaceID != "" && id == rp.WorkspaceID
+	case "runs":
+		return id == rp.ID
 	}
 	return false
 }
@@ -67,7 +69,7 @@ var errRunTokenEnded = &httpError{Status: http.StatusUnauthorized, Code: "unauth
 
 // errRunTokenForbidden answers a run token on a route or object outside its scope.
 var errRunTokenForbidden = &httpError{Status: http.StatusForbidden, Code: "forbidden",
-	Message: "A run token may only read its own task, plan, binding, workspace and files, and select its binding."}
+	Message: "A run token may only read its own task, plan, binding, workspace, files and run, change its workspace's files and services, and select its binding."}
 
 func principalFrom(ctx context.Context) *principal {
 	p, _ := ctx.Value(principalKey).(*principal)

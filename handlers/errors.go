@@ -63,9 +63,9 @@ func classify(err error) (*httpError, bool) {
 	}
 }
 
-// wantsJSON reports whether the error should be JSON: every /api route, and clients that ask.
+// wantsJSON reports whether the error should be JSON: every /api route, /mcp, and clients that ask.
 func wantsJSON(r *http.Request) bool {
-	return strings.HasPrefix(r.URL.Path, "/api/") || strings.Contains(r.Header.Get("Accept"), "application/json") &&
+	return strings.HasPrefix(r.URL.Path, "/api/") || r.URL.Path == "/mcp" || strings.Contains(r.Header.Get("Accept"), "application/json") &&
 		!strings.Contains(r.Header.Get("Accept"), "text/html")
 }
 

@@ -165,6 +165,10 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /api/tasks/{id}/file-resources/roots", s.runAPI(s.fileRootsAPI))
 	mux.Handle("GET /api/tasks/{id}/file-resources/list", s.runAPI(s.fileListAPI(files)))
 	mux.Handle("GET /api/tasks/{id}/file-resources/content", s.runAPI(s.fileContentAPI(files)))
+	// Changing files: board members, and a run token in its own workspace (file_resources_write.go).
+	mux.Handle("PUT /api/tasks/{id}/file-resources/content", s.runAPI(s.fileWriteAPI(files)))
+	mux.Handle("DELETE /api/tasks/{id}/file-resources/content", s.runAPI(s.fileDeleteAPI(files)))
+	mux.Handle("POST /api/tasks/{id}/file-resources/edit", s.runAPI(s.fileEditAPI(files)))
 	mux.Handle("GET /tasks/{id}/files", s.page(s.filesPage(files)))
 
 	s.adminRoutes(mux, jobsUI)
@@ -176,8 +180,9 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	// Runs (start and cancel: board members).
 	mux.Handle("POST /api/tasks/{id}/runs", s.api(s.createRunAPI))
 	mux.Handle("GET /api/tasks/{id}/runs", s.api(s.taskRunsAPI))
-	mux.Handle("GET /api/runs/{id}", s.api(s.getRunAPI))
-	mux.Handle("GET /api/runs/{id}/log", s.api(s.runLogAPI))
+	// A run token reads its own run, log and receipt (docs/security.md "Run tokens").
+	mux.Handle("GET /api/runs/{id}", s.runAPI(s.getRunAPI))
+	mux.Handle("GET /api/runs/{id}/log", s.runAPI(s.runLogAPI))
 	mux.Handle("POST /api/runs/{id}/cancel", s.api(s.cancelRunAPI))
 
 	mux.Handle("POST /tasks/{id}/runs", s.page(s.createRunForm))
@@ -186,7 +191,8 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /runs/{id}/cancel", s.page(s.cancelRunForm))
 
 	// Receipts and attempts (DESIGN §13; receipts.go, attempts*.go).
-	mux.Handle("GET /api/runs/{id}/receipt", s.api(s.runReceiptAPI))
+	mux.Handle("GET /api/runs/{id}/receipt", s.runAPI(s.runReceiptAPI))
+	mux.Handle("POST /api/runs/{id}/receipt/verify", s.api(s.runReceiptVerifyAPI))
 	mux.Handle("GET /runs/{id}/receipt", s.page(s.runReceiptDownload))
 	mux.Handle("POST /api/tasks/{id}/attempts", s.api(s.createAttemptsAPI))
 	mux.Handle("GET /api/tasks/{id}/attempts", s.api(s.taskAttemptsAPI))
@@ -208,6 +214,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /api/execution-workspaces/{id}/operations/{op_id}/log", s.runAPI(s.operationLogAPI))
 	mux.Handle("GET /api/execution-workspaces/{id}/close-readiness", s.api(s.closeReadinessAPI))
 	mux.Handle("GET /api/tasks/{id}/work-products", s.api(s.taskWorkProductsAPI))
+	mux.Handle("POST /api/tasks/{id}/work-products", s.runAPI(s.createWorkProductAPI)) // work_products.go
 
 	// Runtime services and their previews (runtime_services.go, preview.go): a run token controls
 	// its own workspace's services; the proxy admits members of the service's company.
@@ -234,6 +241,13 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("GET /leases/{id}", s.page(s.leasePage))
 	mux.Handle("POST /leases/{id}/release", s.page(s.forceReleaseLeaseForm))
 	mux.Handle("POST /leases/{id}/retry-cleanup", s.page(s.retryLeaseCleanupForm))
+
+	// Berth for agents: the Model Context Protocol over this same route table, with a bearer
+	// token only (mcp_endpoint.go, handlers/mcp, docs/mcp.md).
+	agents := s.mcpEndpoint(mux)
+	mux.Handle("POST /mcp", agents)
+	mux.Handle("GET /mcp", agents)
+	mux.Handle("DELETE /mcp", agents)
 
 	mux.Handle("/api/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))
 	mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))

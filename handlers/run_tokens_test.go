@@ -185,10 +185,13 @@ func TestRunTokenScope(t *testing.T) {
 		{http.MethodPatch, "/api/tasks/" + w.Own},
 		{http.MethodPatch, "/api/tasks/" + w.Foreign},
 		{http.MethodPost, "/api/tasks/" + w.Own + "/runs"},
-		{http.MethodGet, "/api/runs/" + w.Run},
-		{http.MethodGet, "/api/runs/" + w.Run + "/log"},
 		{http.MethodPost, "/api/runs/" + w.Run + "/cancel"},
 		{http.MethodGet, "/api/environments/" + w.EnvID},
+	}
+	// Its own run, log and receipt are readable (docs/security.md "Run tokens").
+	w.expect(w.Run2, http.MethodGet, "/api/runs/"+w.Run, nil, http.StatusOK, "")
+	if status, _ := w.e.call(w.Run2, http.MethodGet, "/api/runs/"+w.Run+"/log", nil); status != http.StatusOK {
+		t.Fatalf("run token on its own log = %d", status)
 	}
 	for _, c := range outside {
 		var body any
@@ -371,8 +374,11 @@ func TestRunTokenEndToEnd(t *testing.T) {
 	if status, out := re.call(run, http.MethodGet, "/api/tasks/"+sibling.ID, nil); status != http.StatusForbidden {
 		t.Fatalf("live run token on another task = %d %v", status, out)
 	}
-	if status, out := re.call(run, http.MethodGet, "/api/runs/"+id, nil); status != http.StatusForbidden {
-		t.Fatalf("live run token on GET /api/runs = %d %v", status, out)
+	if status, out := re.call(run, http.MethodGet, "/api/runs/"+id, nil); status != http.StatusOK || out["id"] != id {
+		t.Fatalf("live run token on its own run = %d %v", status, out)
+	}
+	if status, out := re.call(run, http.MethodPost, "/api/runs/"+id+"/cancel", nil); status != http.StatusForbidden {
+		t.Fatalf("live run token cancelling its run = %d %v", status, out)
 	}
 
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {

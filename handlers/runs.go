@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -112,8 +113,10 @@ func (s *Server) runOutcome(ctx context.Context, companyID, id string) (views.Ru
 
 // runRequest is the optional body of POST /api/tasks/{id}/runs, with the Idempotency-Key header.
 type runRequest struct {
-	TimeoutS       *int   `json:"timeout_s"`
-	IdempotencyKey string `json:"-"` // from the Idempotency-Key header; "" for none
+	TimeoutS *int `json:"timeout_s"`
+	// Command replaces the task's command for this run where workspace.CommandOverride allows.
+	Command        *string `json:"command"`
+	IdempotencyKey string  `json:"-"` // from the Idempotency-Key header; "" for none
 }
 
 // maxIdempotencyKey bounds an Idempotency-Key header.
@@ -209,12 +212,23 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 		if task.ProjectStatus != "active" {
 			return errProjectArchived
 		}
-		if task.Command == "" {
+		if in.Command != nil && (strings.TrimSpace(*in.Command) == "" || len(*in.Command) > maxAttemptCommand || strings.ContainsRune(*in.Command, 0)) {
+			return invalid(map[string]string{"command": "Give a command of 1 to 16384 bytes without NUL."})
+		}
+		if task.Command == "" && in.Command == nil {
 			return invalid(map[string]string{"command": "The task has no command to run: edit the task and give it one."})
 		}
 		snap, err := db.LoadPlanSnapshot(ctx, tx, a.Company.ID, taskID)
 		if err != nil {
 			return err
+		}
+		command := task.Command
+		if in.Command != nil {
+			if ok, why := workspace.CommandOverride(planInput(snap)); !ok {
+				return &httpError{Status: http.StatusForbidden, Code: "command_override_denied",
+					Message: "This run cannot replace the task's command: " + why + "."}
+			}
+			command = *in.Command
 		}
 		plan := workspace.ResolvePlan(planInput(snap))
 		if err := refuseSealed(ctx, tx, a, plan.ReuseWorkspaceID); err != nil { // attempts.go
@@ -225,7 +239,7 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 			return err
 		}
 		run, err = db.CreateRun(ctx, tx, db.NewRun{CompanyID: a.Company.ID, TaskID: taskID, EnvironmentID: plan.EnvironmentID,
-			CreatedBy: a.P.User.ID, Command: task.Command, Plan: planJSON, TimeoutS: timeout})
+			CreatedBy: a.P.User.ID, Command: command, Plan: planJSON, TimeoutS: timeout})
 		if errors.Is(err, db.ErrConflict) { // a run admitted without the task lock: the index still holds
 			if live, lerr := db.LiveTaskRun(ctx, tx, a.Company.ID, taskID); lerr == nil {
 				run = live
@@ -256,7 +270,11 @@ func (s *Server) admitRun(ctx context.Context, r *http.Request, a access, taskID
 		if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.ProvisionArgs{RunID: run.ID}); err != nil {
 			return nodeUnavailable(err)
 		}
-		return s.auditTx(ctx, tx, r, a, "run.created", "run", run.ID, map[string]any{"task_id": taskID})
+		details := map[string]any{"task_id": taskID}
+		if in.Command != nil {
+			details["command_override"] = true
+		}
+		return s.auditTx(ctx, tx, r, a, "run.created", "run", run.ID, details)
 	})
 	var he *httpError
 	if errors.As(err, &he) && he.Code == "run_in_progress" {
@@ -347,15 +365,23 @@ func (s *Server) runLogAPI(w http.ResponseWriter, r *http.Request, p *principal)
 	if q.Get("download") == "1" {
 		return s.sendRunLog(w, r, a, id)
 	}
-	var offset int64
+	var offset, tail int64
 	if v := q.Get("offset"); v != "" {
 		if offset, err = strconv.ParseInt(v, 10, 64); err != nil || offset < 0 {
 			return badRequest("bad_offset", "offset must be a whole number of bytes, 0 or more.")
 		}
 	}
+	if v := q.Get("tail"); v != "" {
+		if tail, err = strconv.ParseInt(v, 10, 64); err != nil || tail < 1 || q.Get("offset") != "" {
+			return badRequest("bad_tail", "tail must be a whole number of bytes, 1 or more, and comes without offset.")
+		}
+	}
 	l, err := db.RunLogOf(r.Context(), s.pool, a.Company.ID, id)
 	if err != nil {
 		return err
+	}
+	if tail > 0 {
+		offset = max(0, l.Total-tail) // the last tail bytes printed (what of them is kept)
 	}
 	chunk, next := environment.LogAfter(l.Data, l.Head, l.Total, offset)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

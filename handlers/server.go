@@ -25,6 +25,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"berth/db"
+	bmcp "berth/handlers/mcp"
 	"berth/handlers/preview"
 	"berth/workspace"
 )
@@ -46,6 +47,9 @@ type Deps struct {
 	// Workspaces maps execution workspace refs to this node's directories, for the file browser;
 	// nil means execution workspaces are not readable here.
 	Workspaces *workspace.Manager
+	// Artifacts is this node's artifact store, for checking a receipt's capsule digest (POST
+	// /api/runs/{id}/receipt/verify); nil skips that check.
+	Artifacts *workspace.Artifacts
 	// SourceRoots are the host directories under which board members may point local project
 	// workspace sources; instance admins may use any path.
 	SourceRoots []string
@@ -104,6 +108,7 @@ type Server struct {
 	secrets     *db.Sealer
 	sourceRoots []string
 	workspaces  *workspace.Manager
+	artifacts   *workspace.Artifacts
 	version     string
 	limit       LoginLimit
 	proxies     []netip.Prefix
@@ -116,6 +121,7 @@ type Server struct {
 	prober      *db.Prober     // /api/health's own connection (dbavail.go)
 	nodes       *Nodes         // nodes.go, internal.go
 	preview     *preview.Proxy // the preview origins (handlers/preview; preview_origin.go)
+	mcp         *bmcp.Server   // the /mcp endpoint's server (mcp_endpoint.go)
 	hostChecks  func(context.Context) []HostCheck
 
 	// GET /events (events.go, events_stream.go); eventsHeartbeat 0 is the default interval.
@@ -141,6 +147,7 @@ func New(d Deps) (*Server, error) {
 		secrets:     d.Secrets,
 		sourceRoots: d.SourceRoots,
 		workspaces:  d.Workspaces,
+		artifacts:   d.Artifacts,
 		version:     d.Version,
 		limit:       d.LoginLimit,
 		proxies:     d.TrustedProxies,

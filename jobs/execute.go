@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -132,7 +133,7 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	req := environment.ExecRequest{Command: run.Command, Dir: dir, Log: log, Tag: run.ID,
 		Timeout: time.Duration(run.TimeoutS) * time.Second,
 		Env: map[string]string{"BERTH_RUN_TOKEN": token, "BERTH_API_URL": w.deps.APIURL, "BERTH_TASK_ID": run.TaskID,
-			"BERTH_WORKSPACE_ID": ws.ID}}
+			"BERTH_WORKSPACE_ID": ws.ID, "BERTH_MCP_URL": mcpURL(w.deps.APIURL)}}
 	if !environment.Remote(drv) { // the remote host is the boundary there; the jail is for this one
 		req, err = w.inJail(ctx, ws, run.EnvironmentID, req)
 	}
@@ -298,4 +299,13 @@ func (w *ExecuteRunWorker) watch(ctx context.Context, stop context.CancelCauseFu
 			}
 		}
 	}
+}
+
+// mcpURL is BERTH_MCP_URL beside BERTH_API_URL: the MCP endpoint on the same origin (a jail's
+// network rewrites both to its API bridge, environment/jailed.go).
+func mcpURL(apiURL string) string {
+	if apiURL == "" {
+		return ""
+	}
+	return strings.TrimSuffix(apiURL, "/") + "/mcp"
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"berth/db"
 	"berth/environment/jail"
 	"berth/workspace"
+	"berth/workspace/receiptcheck"
 )
 
 // maxReceiptFile bounds a receipt file read by `berth receipt verify`.
@@ -61,7 +61,6 @@ func receiptCmd(ctx context.Context, args []string, getenv func(string) string, 
 	}
 	fmt.Fprintf(stdout, "signature  ok      run %s (%s, %s)\n", rc.RunID, rc.Status, rc.Disposition)
 
-	v := &verifier{out: stdout, rc: rc}
 	var opts workspace.Options
 	if h, err := jail.Detect(ctx); err == nil {
 		opts.Jail = &h // git reads a worktree's files in the jail (workspace/gitjail.go)
@@ -70,25 +69,37 @@ func receiptCmd(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return err
 	}
-	v.workspace(ctx, mgr)
-	v.artifact(ctx, c.DataDir)
+	src := receiptcheck.Sources{Manager: mgr}
+	if store, err := workspace.NewArtifacts(c.DataDir); err == nil {
+		src.Artifacts = store
+	}
 	if *offline {
-		v.skip("branch", "--offline: the database was not opened")
+		src.SkipLineage = "--offline: the database was not opened"
 	} else {
 		log := c.newLogger(stderr, max(c.LogLevel, slog.LevelWarn))
 		dbctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		d, err := openDatabase(dbctx, c, log, false)
 		cancel()
 		if err != nil {
-			v.skip("branch", "the database could not be opened: "+err.Error())
+			src.SkipLineage = "the database could not be opened: " + err.Error()
 		} else {
-			v.branch(ctx, mgr, d)
-			d.close()
+			defer d.close()
+			src.Lineage = func(ctx context.Context, runID string) (db.ReceiptLineage, error) {
+				return db.LineageOfRun(ctx, d.Pool, runID)
+			}
 		}
 	}
-	fmt.Fprintf(stdout, "summary    %d matched, %d mismatched, %d not checked\n", v.ok, v.bad, v.skipped)
-	if v.bad > 0 {
-		return fmt.Errorf("receipt verify: %d digest mismatch(es)", v.bad)
+	rep, err := receiptcheck.Verify(ctx, db.DeriveReceiptKey(key), doc, src)
+	if err != nil {
+		return err
+	}
+	for _, ch := range rep.Checks {
+		word := map[string]string{receiptcheck.Match: "ok     ", receiptcheck.Mismatch: "MISMATCH", receiptcheck.Skipped: "skipped"}[ch.Result]
+		fmt.Fprintf(stdout, "%-10s %s %s\n", ch.What, word, ch.Detail)
+	}
+	fmt.Fprintf(stdout, "summary    %d matched, %d mismatched, %d not checked\n", rep.Matched, rep.Mismatched, rep.NotChecked)
+	if rep.Mismatched > 0 {
+		return fmt.Errorf("receipt verify: %d digest mismatch(es)", rep.Mismatched)
 	}
 	return nil
 }
@@ -123,165 +134,4 @@ func existingSecretKey(envValue, dataDir string) ([]byte, error) {
 		return nil, fmt.Errorf("receipt verify: %w", err)
 	}
 	return key, nil
-}
-
-// verifier prints one line per check and counts the outcomes.
-type verifier struct {
-	out              io.Writer
-	rc               db.Receipt
-	ok, bad, skipped int
-}
-
-func (v *verifier) match(what, detail string) {
-	v.ok++
-	fmt.Fprintf(v.out, "%-10s ok      %s\n", what, detail)
-}
-
-func (v *verifier) mismatch(what, detail string) {
-	v.bad++
-	fmt.Fprintf(v.out, "%-10s MISMATCH %s\n", what, detail)
-}
-
-func (v *verifier) skip(what, why string) {
-	v.skipped++
-	fmt.Fprintf(v.out, "%-10s skipped %s\n", what, why)
-}
-
-func deref(p *string) string {
-	if p == nil {
-		return ""
-	}
-	return *p
-}
-
-// compare records a check of digest got (from where) against the receipt's want.
-func (v *verifier) compare(what, where, want, got string) {
-	if got == want {
-		v.match(what, where+" has "+want)
-	} else {
-		v.mismatch(what, where+" has "+got+", the receipt says "+want)
-	}
-}
-
-// workspace checks the final tree digest against the workspace, when it is still on this disk.
-func (v *verifier) workspace(ctx context.Context, mgr *workspace.Manager) {
-	ref, want := deref(v.rc.WorkspaceRef), deref(v.rc.FinalTreeDigest)
-	if ref == "" || want == "" {
-		v.skip("workspace", "the receipt names no workspace tree")
-		return
-	}
-	root, err := mgr.Root(ref)
-	if err != nil {
-		v.skip("workspace", ref+" is not on this node's disk (closed, or on another node)")
-		return
-	}
-	var got string
-	if _, gerr := mgr.GitDir(ref); gerr == nil {
-		got, err = mgr.WorktreeDigest(ctx, ref)
-	} else {
-		got, err = workspace.TreeDigest(ctx, root)
-	}
-	if err != nil {
-		v.skip("workspace", ref+" could not be read: "+err.Error())
-		return
-	}
-	v.compare("workspace", "workspace "+ref, want, got)
-}
-
-// artifact checks a stored capsule: its content hash, then its tree digest.
-func (v *verifier) artifact(ctx context.Context, dataDir string) {
-	capsule := deref(v.rc.CapsuleDigest)
-	if capsule == "" {
-		return
-	}
-	hexDigest := strings.TrimPrefix(capsule, "sha256:")
-	if _, err := hex.DecodeString(hexDigest); err != nil {
-		v.mismatch("artifact", "capsule digest "+capsule+" is not a sha256 digest")
-		return
-	}
-	store, err := workspace.NewArtifacts(dataDir)
-	if err != nil {
-		v.skip("artifact", err.Error())
-		return
-	}
-	if err := store.Verify(ctx, hexDigest); errors.Is(err, workspace.ErrNotFound) {
-		v.skip("artifact", capsule+" is not in this node's artifact store")
-		return
-	} else if err != nil {
-		v.mismatch("artifact", capsule+": "+err.Error())
-		return
-	}
-	f, err := store.Open(hexDigest)
-	if err != nil {
-		v.skip("artifact", err.Error())
-		return
-	}
-	defer f.Close()
-	got, err := workspace.CapsuleTreeDigest(ctx, f)
-	if err != nil {
-		v.mismatch("artifact", capsule+": "+err.Error())
-		return
-	}
-	if want := deref(v.rc.FinalTreeDigest); want != "" {
-		v.compare("artifact", "capsule "+capsule, want, got)
-	}
-}
-
-// branch checks the base and final digests against git: the base commit, and the branch (or the
-// rescue ref of a discarded attempt). A branch that moved on with later commits still matches
-// when the run's own commit is in its history and has the receipt's digest.
-func (v *verifier) branch(ctx context.Context, mgr *workspace.Manager, d *database) {
-	l, err := db.LineageOfRun(ctx, d.Pool, v.rc.RunID)
-	if errors.Is(err, db.ErrNotFound) {
-		v.skip("branch", "the run is not in this instance's database")
-		return
-	}
-	if err != nil {
-		v.skip("branch", err.Error())
-		return
-	}
-	if l.Strategy != string(workspace.StrategyGitWorktree) || l.Source == "" {
-		v.skip("branch", "the run's workspace is not a git worktree of a known source")
-		return
-	}
-	gitDir, err := mgr.SourceGitDir(ctx, l.Source)
-	if err != nil {
-		v.skip("branch", "the source repository is not reachable from here")
-		return
-	}
-	if base, want := deref(v.rc.BaseCommit), deref(v.rc.BaseTreeDigest); base != "" && want != "" {
-		if got, err := mgr.GitTreeDigest(ctx, gitDir, base); err != nil {
-			v.skip("base", "base commit "+base+" is not in the repository")
-		} else {
-			v.compare("base", "base commit "+base[:min(12, len(base))], want, got)
-		}
-	}
-	want := deref(v.rc.FinalTreeDigest)
-	ref, label := "refs/heads/"+l.Branch, "branch "+l.Branch
-	if l.RescueRef != "" {
-		ref, label = l.RescueRef, "rescue ref "+l.RescueRef
-	}
-	tip, ok, err := mgr.ResolveRef(ctx, gitDir, ref)
-	if err != nil || !ok || want == "" {
-		v.skip("branch", label+" no longer exists")
-		return
-	}
-	got, err := mgr.GitTreeDigest(ctx, gitDir, tip)
-	if err != nil {
-		v.skip("branch", label+": "+err.Error())
-		return
-	}
-	if got == want {
-		v.match("branch", label+" at "+tip[:12]+" has "+want)
-		return
-	}
-	if l.Commit != "" {
-		if in, err := mgr.IsAncestor(ctx, gitDir, l.Commit, tip); err == nil && in {
-			if own, err := mgr.GitTreeDigest(ctx, gitDir, l.Commit); err == nil && own == want {
-				v.match("branch", label+" moved on with later commits; the run's commit "+l.Commit[:12]+" in its history has "+want)
-				return
-			}
-		}
-	}
-	v.mismatch("branch", label+" at "+tip[:12]+" has "+got+", the receipt says "+want+" (the branch was rewritten or reset)")
 }

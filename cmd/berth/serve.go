@@ -207,7 +207,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	events := handlers.NewEvents(0)
 	listener := &db.EventListener{Config: d.Pool.Config().ConnConfig, Log: log, OnEvent: events.Publish, OnListen: events.Listening}
 	go func() { _ = listener.Run(ctx) }()
-	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
+	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Artifacts: artifacts, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
 		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events,
 		Nodes: node0.handlerNodes(), DialService: dialService, OnEnvironmentChange: egressState.Invalidate, HostChecks: hostChecks(deps0, *c),
 		PreviewDomain: origins.Domain, PreviewPorts: origins.Ports, PreviewBind: origins.Bind, PreviewKey: handlers.PreviewKey(key)})
@@ -229,6 +229,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          nil,
 	}
+	hs.RegisterOnShutdown(srv.CloseMCP) // and the MCP sessions' streams
 	hs.RegisterOnShutdown(events.Close) // end the live pages' streams: Shutdown waits for handlers
 	log.Info("berth serving", "addr", ln.Addr().String(), "workers", c.Workers, "startup_ms", time.Since(started).Milliseconds())
 	fmt.Fprintf(stdout, "\nBerth is running at %s\n", c.BaseURL)
