@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -156,4 +157,20 @@ func (re *runEnv) runTokenIn(taskID, wsID string) (actor, string) {
 		re.t.Fatal(err)
 	}
 	return actor{Token: token}, id
+}
+
+// hasNote waits (up to 5 s: the client handles notifications on its own goroutine, so the last
+// ones may land just after the call's result) for a progress notification.
+func (a *agent) hasNote(want string) bool { return a.hasNoteWithin(want, 5*time.Second) }
+
+// hasNoteWithin waits up to d for a progress notification.
+func (a *agent) hasNoteWithin(want string, d time.Duration) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+		if slices.Contains(a.notes(), want) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
 }

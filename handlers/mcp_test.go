@@ -34,8 +34,8 @@ func TestMCPEndpointAuth(t *testing.T) {
 		return e.do(c, http.MethodPost, "/mcp", strings.NewReader(body), h)
 	}
 	for name, h := range map[string]map[string]string{
-		"no token":  {},
-		"bad token": {"Authorization": "Bearer berth_nonsense"},
+		"no token":   {},
+		"bad token":  {"Authorization": "Bearer berth_nonsense"},
 		"not bearer": {"Authorization": "Basic eDp5"},
 	} {
 		resp := post(e.client(), h, init)

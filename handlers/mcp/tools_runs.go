@@ -100,7 +100,31 @@ func (s *Server) followRun(ctx context.Context, req *sdk.CallToolRequest, id str
 		last    string
 		runBody []byte
 	)
+	// readLog sends the complete lines printed since the last read (the log before the status:
+	// a line read implies the status read after it is at least running).
+	readLog := func() {
+		if p.token == nil {
+			return
+		}
+		l := s.call(ctx, req, Call{Method: http.MethodGet, Path: "/api/runs/" + seg(id) + "/log", Query: query("offset", num(offset))})
+		if !l.ok() {
+			return
+		}
+		if next, err := strconv.ParseInt(l.Header.Get("X-Log-Offset"), 10, 64); err == nil {
+			offset = next
+		}
+		carry = append(carry, l.Body...)
+		for {
+			i := bytes.IndexByte(carry, '\n')
+			if i < 0 {
+				break
+			}
+			p.send(ctx, strings.ToValidUTF8(string(carry[:i]), "\uFFFD"))
+			carry = carry[i+1:]
+		}
+	}
 	for {
+		readLog()
 		r := s.call(ctx, req, Call{Method: http.MethodGet, Path: "/api/runs/" + seg(id)})
 		if !r.ok() {
 			return toolError(r), nil, nil
@@ -112,24 +136,8 @@ func (s *Server) followRun(ctx context.Context, req *sdk.CallToolRequest, id str
 			last = st.Status
 			p.send(ctx, "status: "+st.Status)
 		}
-		if p.token != nil {
-			l := s.call(ctx, req, Call{Method: http.MethodGet, Path: "/api/runs/" + seg(id) + "/log", Query: query("offset", num(offset))})
-			if l.ok() {
-				if next, err := strconv.ParseInt(l.Header.Get("X-Log-Offset"), 10, 64); err == nil {
-					offset = next
-				}
-				carry = append(carry, l.Body...)
-				for {
-					i := bytes.IndexByte(carry, '\n')
-					if i < 0 {
-						break
-					}
-					p.send(ctx, strings.ToValidUTF8(string(carry[:i]), "\uFFFD"))
-					carry = carry[i+1:]
-				}
-			}
-		}
 		if st.ended() {
+			readLog() // what it printed last
 			if len(carry) > 0 {
 				p.send(ctx, strings.ToValidUTF8(string(carry), "\uFFFD"))
 			}

@@ -2,7 +2,6 @@ package mcp
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -24,8 +23,8 @@ type runInput struct {
 }
 
 type receiptVerifyInput struct {
-	RunID   string          `json:"run_id" jsonschema:"the run whose receipt to verify"`
-	Receipt json.RawMessage `json:"receipt,omitempty" jsonschema:"a receipt document to check instead of the stored one (it must be this run's)"`
+	RunID   string         `json:"run_id" jsonschema:"the run whose receipt to verify"`
+	Receipt map[string]any `json:"receipt,omitempty" jsonschema:"a receipt document to check instead of the stored one (it must be this run's)"`
 }
 
 type workProductInput struct {
