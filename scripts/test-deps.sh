@@ -27,17 +27,25 @@ command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v docker-registry >/dev/null 2>&1 || need+=(docker-registry)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 
-# Vite for the preview test (handlers/preview_vite_test.go): in a 0755 directory outside /root
-# and /tmp, so the jail's berth-run user can read it. BERTH_TEST_NPM moves it.
+# npm tools of the tests, version-pinned, in a 0755 directory outside /root and /tmp (so the
+# jail's berth-run user can read it; BERTH_TEST_NPM moves it): Vite for the preview test
+# (handlers/preview_vite_test.go) and the MCP Inspector, a real MCP client, for the MCP test
+# (cmd/berth/mcp_inspector_test.go).
 vite_version=8.4.0
+inspector_version=2.12.0
+npm_version_of() {
+  node -p "require('$1/node_modules/$2/package.json').version" 2>/dev/null
+}
 install_vite() {
   local dir=${BERTH_TEST_NPM:-/var/tmp/berth-test-npm}
-  if [ "$(node -p "require('$dir/node_modules/vite/package.json').version" 2>/dev/null)" = "$vite_version" ]; then
-    return 0
-  fi
-  echo "test-deps: npm install vite@$vite_version into $dir"
+  local want=()
+  [ "$(npm_version_of "$dir" vite)" = "$vite_version" ] || want+=("vite@$vite_version")
+  [ "$(npm_version_of "$dir" @modelcontextprotocol/inspector)" = "$inspector_version" ] ||
+    want+=("@modelcontextprotocol/inspector@$inspector_version")
+  [ ${#want[@]} -eq 0 ] && return 0
+  echo "test-deps: npm install ${want[*]} into $dir"
   mkdir -p "$dir" && chmod 0755 "$dir"
-  (umask 022 && npm install --prefix "$dir" --no-audit --no-fund --silent "vite@$vite_version")
+  (umask 022 && npm install --prefix "$dir" --no-audit --no-fund --silent "${want[@]}")
 }
 
 if [ ${#need[@]} -eq 0 ]; then
