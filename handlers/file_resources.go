@@ -46,9 +46,13 @@ const (
 	maxAuditPathBytes            = 1024
 )
 
-// newFileRateLimiter is the per-user limiter the file-resource routes share.
-func newFileRateLimiter() *rateLimiter {
-	return newRateLimiter(fileRateBurst, fileRateWindow, time.Now)
+// newFileRateLimiter is the per-user limiter the file-resource routes share: burst requests
+// per fileRateWindow (0: fileRateBurst).
+func newFileRateLimiter(burst int) *rateLimiter {
+	if burst <= 0 {
+		burst = fileRateBurst
+	}
+	return newRateLimiter(burst, fileRateWindow, time.Now)
 }
 
 // Refusals specific to file resources; resolver refusals are mapped by fileError.

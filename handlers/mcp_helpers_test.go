@@ -79,7 +79,14 @@ func (a *agent) callWith(name string, args map[string]any, progressToken any) (*
 	var out map[string]any
 	if len(res.Content) > 0 {
 		if tc, ok := res.Content[0].(*sdk.TextContent); ok {
-			_ = json.Unmarshal([]byte(tc.Text), &out)
+			if json.Unmarshal([]byte(tc.Text), &out) != nil || out == nil {
+				// file_read: the file as text, the rest as structured content
+				out, _ = res.StructuredContent.(map[string]any)
+				if out == nil {
+					out = map[string]any{}
+				}
+				out["content"] = tc.Text
+			}
 		}
 	}
 	code := ""

@@ -161,7 +161,7 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 
 	// File resources: read-only files of a task's authorized roots (any reader of the company);
 	// reads share one per-user rate limit, in this process's memory (see file_resources.go).
-	files := newFileRateLimiter()
+	files := newFileRateLimiter(s.fileBurst)
 	mux.Handle("GET /api/tasks/{id}/file-resources/roots", s.runAPI(s.fileRootsAPI))
 	mux.Handle("GET /api/tasks/{id}/file-resources/list", s.runAPI(s.fileListAPI(files)))
 	mux.Handle("GET /api/tasks/{id}/file-resources/content", s.runAPI(s.fileContentAPI(files)))

@@ -47,6 +47,9 @@ type Deps struct {
 	// Workspaces maps execution workspace refs to this node's directories, for the file browser;
 	// nil means execution workspaces are not readable here.
 	Workspaces *workspace.Manager
+	// FileRateBurst is how many file-resource requests one user (or run) may make per minute on
+	// this node; 0 is the default, 120.
+	FileRateBurst int
 	// Artifacts is this node's artifact store, for checking a receipt's capsule digest (POST
 	// /api/runs/{id}/receipt/verify); nil skips that check.
 	Artifacts *workspace.Artifacts
@@ -109,6 +112,7 @@ type Server struct {
 	sourceRoots []string
 	workspaces  *workspace.Manager
 	artifacts   *workspace.Artifacts
+	fileBurst   int
 	version     string
 	limit       LoginLimit
 	proxies     []netip.Prefix
@@ -148,6 +152,7 @@ func New(d Deps) (*Server, error) {
 		sourceRoots: d.SourceRoots,
 		workspaces:  d.Workspaces,
 		artifacts:   d.Artifacts,
+		fileBurst:   d.FileRateBurst,
 		version:     d.Version,
 		limit:       d.LoginLimit,
 		proxies:     d.TrustedProxies,

@@ -59,6 +59,9 @@ run ./terminal/ 'BenchmarkTerminalIdleMemory' 1x
 run ./environment/ 'BenchmarkPluginExec' 200x
 run ./cmd/berth-driver-podman/ 'BenchmarkPodmanAdmissionToStart' 10x
 run ./environment/oci/ 'BenchmarkImportVsCraneExport' 3x
+# Berth for agents (docs/mcp.md "Figures"): file_read of a 64 KiB file through MCP vs the REST file
+# API, and a tool call's overhead over the API call it makes (task_get vs GET /api/tasks/{id}).
+run ./handlers/ 'BenchmarkMCPFileRead|BenchmarkMCPToolCall' 300x
 
 echo
 printf '%-58s %16s  %s\n' "benchmark" "value" "unit"
@@ -93,6 +96,10 @@ added=$(metric BenchmarkAdmissionToStartContainment added-p50-ms); jailed=$(metr
 [ -n "$added" ] && echo "local shared admission-to-start, jailed p50: ${jailed} ms, the jail adds ${added} ms p50 over containment none (goal <= 10 ms added, <= 25 ms jailed)"
 sb=$(metric BenchmarkAdmissionToStartSandbox p50-ms)
 [ -n "$sb" ] && echo "sandbox isolated worktree (small repo) admission-to-start p50: ${sb} ms (goal <= 50 ms)"
+mf=$(metric BenchmarkMCPFileRead ratio-p50)
+[ -n "$mf" ] && echo "MCP file_read of 64 KiB vs the REST file API, p50: ${mf}x ($(metric BenchmarkMCPFileRead mcp-p50-ms) vs $(metric BenchmarkMCPFileRead rest-p50-ms) ms; goal <= 1.5x)"
+mo=$(metric BenchmarkMCPToolCall overhead-p50-ms)
+[ -n "$mo" ] && echo "MCP tool-call overhead over its API call, p50: ${mo} ms (goal <= 2 ms)"
 jr=$(metric BenchmarkJailStart ratio-p50)
 [ -n "$jr" ] && echo "Berth's jailed exec of true vs bare bwrap true, p50: ${jr}x (goal <= 1.5x)"
 pr=$(metric BenchmarkPreviewProxy ratio); pa=$(metric BenchmarkPreviewProxy added-p50-ms)

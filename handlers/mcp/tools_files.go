@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strconv"
 
+	"encoding/json"
+
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -88,7 +90,7 @@ func (s *Server) addFileTools() {
 		func(ctx context.Context, req *sdk.CallToolRequest, in fileReadInput) (*sdk.CallToolResult, any, error) {
 			q := query("root", in.Root, "path", in.Path, "offset", num(in.Offset), "length", num(in.Length),
 				"start_line", num(in.StartLine), "end_line", num(in.EndLine))
-			return reply(s.call(ctx, req, Call{Method: http.MethodGet, Path: filesPath(in.TaskID, "content"), Query: q}))
+			return fileContent(s.call(ctx, req, Call{Method: http.MethodGet, Path: filesPath(in.TaskID, "content"), Query: q}))
 		})
 	tool(s, "file_write", "Create or replace a file in the task's execution workspace (PUT …/file-resources/content), atomically; at most 1 MiB.",
 		func(ctx context.Context, req *sdk.CallToolRequest, in fileWriteInput) (*sdk.CallToolResult, any, error) {
@@ -106,4 +108,20 @@ func (s *Server) addFileTools() {
 			q := query("root", in.Root, "path", in.Path)
 			return reply(s.call(ctx, req, Call{Method: http.MethodDelete, Path: filesPath(in.TaskID, "content"), Query: q}))
 		})
+}
+
+// fileContent is file_read's result: the file's text (or base64) itself as the text content, so
+// a client shows the file and nothing is JSON-escaped twice, and the rest of the API's answer
+// (path, size, encoding, truncated, the range) as structured content.
+func fileContent(r Reply) (*sdk.CallToolResult, any, error) {
+	if !r.ok() {
+		return toolError(r), nil, nil
+	}
+	var meta map[string]any
+	if err := json.Unmarshal(r.Body, &meta); err != nil {
+		return textResult(r.Body), nil, nil
+	}
+	text, _ := meta["content"].(string)
+	delete(meta, "content")
+	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: text}}, StructuredContent: meta}, nil, nil
 }
