@@ -11,6 +11,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 
+	"berth/db"
 	bmcp "berth/handlers/mcp"
 )
 
@@ -89,6 +90,9 @@ func (s *Server) mcpBackend(routes http.Handler) bmcp.Backend {
 		if len(c.Query) > 0 {
 			target += "?" + c.Query.Encode()
 		}
+		// What databaseAware gives every request: a database outage or an exhausted pool answers
+		// its 503, as over HTTP.
+		ctx = db.WatchAcquire(context.WithValue(ctx, proberKey{}, s.prober))
 		ctx = context.WithValue(ctx, principalKey, p)
 		if ip != "" {
 			ctx = context.WithValue(ctx, clientAddrKey{}, ip)

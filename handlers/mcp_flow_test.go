@@ -2,6 +2,7 @@ package handlers
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -41,8 +42,20 @@ func TestMCPAgentFlow(t *testing.T) {
 		code string
 	}
 	done := make(chan result, 1)
-	go func() {
-		_, out, code := agent.callWith("run_start", map[string]any{"task_id": task.ID, "wait": true, "wait_timeout_s": 120, "timeout_s": 120}, "run-1")
+	go func() { // no t.Fatal off the test's goroutine: a transport error comes back as the code
+		p := &sdk.CallToolParams{Name: "run_start", Arguments: map[string]any{"task_id": task.ID, "wait": true, "wait_timeout_s": 120, "timeout_s": 120}}
+		p.SetProgressToken("run-1")
+		res, err := agent.cs.CallTool(ctx, p)
+		if err != nil {
+			done <- result{nil, "transport: " + err.Error()}
+			return
+		}
+		var out map[string]any
+		_ = json.Unmarshal([]byte(res.Content[0].(*sdk.TextContent).Text), &out)
+		code := ""
+		if res.IsError {
+			code = "refused"
+		}
 		done <- result{out, code}
 	}()
 	if !agent.hasNoteWithin("line-one", 90*time.Second) {
