@@ -30,6 +30,11 @@ import (
 var errReadOnlyRoot = &httpError{Status: http.StatusForbidden, Code: "read_only_root",
 	Message: "Only an execution workspace's files can be changed through Berth; project workspace roots are read-only."}
 
+// errRootOnOtherNode refuses what is not forwarded between nodes yet (file_resources_forward.go
+// forwards list, preview and download): changes and ranged reads of a root on another node's disk.
+var errRootOnOtherNode = &httpError{Status: http.StatusConflict, Code: "root_on_other_node",
+	Message: "That workspace lives on another node's disk: changes and ranged reads are served only by a web node on that node."}
+
 var errRunOtherWorkspace = &httpError{Status: http.StatusForbidden, Code: "forbidden",
 	Message: "A run token changes files in its own run's workspace only."}
 
@@ -70,6 +75,9 @@ func (s *Server) writableRoot(r *http.Request, p *principal, taskID, rootName st
 	case p.Run != nil && wsID != p.Run.WorkspaceID:
 		s.auditFileDenied(r, a, taskID, root.Name, in, "other_workspace")
 		return access{}, taskFiles{}, fileRoot{}, errRunOtherWorkspace
+	}
+	if root.node != "" {
+		return access{}, taskFiles{}, fileRoot{}, errRootOnOtherNode
 	}
 	if err := refuseSealed(r.Context(), s.pool, a, wsID); err != nil {
 		return access{}, taskFiles{}, fileRoot{}, err

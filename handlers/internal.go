@@ -147,7 +147,7 @@ func (s *Server) InternalHandler() http.Handler {
 	mux.Handle("/internal/preview/{id}/", http.HandlerFunc(s.internalPreview))
 	mux.Handle("GET /internal/image-setup-sessions/{id}/terminal", s.handle(s.terminalSocket))
 	mux.Handle("GET /internal/workspaces/{id}/git", http.HandlerFunc(s.internalWorkspaceGit)) // internal_workspace.go
-	files := newFileRateLimiter()                                                             // file_resources_forward.go
+	files := newFileRateLimiter(s.fileBurst)                                                  // file_resources_forward.go
 	mux.Handle("GET /internal/tasks/{id}/file-resources/list", s.internalFiles(s.fileListAPI(files)))
 	mux.Handle("GET /internal/tasks/{id}/file-resources/content", s.internalFiles(s.fileContentAPI(files)))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
