@@ -401,7 +401,6 @@ func (s *Server) fileContentAPI(lim *rateLimiter) func(http.ResponseWriter, *htt
 	}
 }
 
-
 // downloadFile spends a rate-limit token and streams a file of root as an attachment that no
 // browser renders: octet-stream, nosniff, a sanitized file name. Exactly the size checked when
 // the file was opened is served (ranges allowed), even if the file grows meanwhile.
