@@ -100,9 +100,13 @@ func TestRunTokenOwnTask(t *testing.T) {
 	}
 	w.expect(w.Run2, http.MethodGet, own+"/file-resources/list", nil, http.StatusNotFound, "no_readable_workspace")
 
-	body := map[string]any{"mode": "reuse", "execution_workspace_id": w.OtherWS, "revision": 0, "request_key": "run-k1"}
+	// Another task's workspace is out of a run's reach (DESIGN §14; TestRunTokenStaysInItsTask
+	// has the attack): refused, nothing changes.
+	w.expect(w.Run2, http.MethodPut, own+"/workspace", map[string]any{"mode": "reuse", "execution_workspace_id": w.OtherWS,
+		"revision": 0, "request_key": "run-k0"}, http.StatusForbidden, "forbidden")
+	body := map[string]any{"mode": "isolated", "revision": 0, "request_key": "run-k1"}
 	out := w.expect(w.Run2, http.MethodPut, own+"/workspace", body, http.StatusOK, "")
-	if out["revision"] != float64(1) || out["execution_workspace_id"] != w.OtherWS || out["mode"] != "reuse" {
+	if out["revision"] != float64(1) || out["execution_workspace_id"] != nil || out["mode"] != "isolated" {
 		t.Fatalf("PUT binding = %v", out)
 	}
 	// The replay contract holds for runs too.
