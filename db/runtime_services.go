@@ -51,16 +51,18 @@ type RuntimeService struct {
 	NodeID               string
 	SupervisorID         string
 	LogPath              string
-	Generation           int64
-	Restarts             int
-	ExitCode             *int
-	LogExcerpt           string
-	StopReason           string
-	StartedAt            *time.Time
-	StoppedAt            *time.Time
-	LastRequestAt        *time.Time
-	CreatedAt            time.Time
-	UpdatedAt            time.Time
+	// ProviderRef is the plugin instance the service runs on ("" for this node's supervisor).
+	ProviderRef   string
+	Generation    int64
+	Restarts      int
+	ExitCode      *int
+	LogExcerpt    string
+	StopReason    string
+	StartedAt     *time.Time
+	StoppedAt     *time.Time
+	LastRequestAt *time.Time
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
 	// StartRequestedAt is when the last start or restart was accepted (nil: never).
 	StartRequestedAt *time.Time
 }
@@ -86,7 +88,7 @@ func (s RuntimeService) Live() bool {
 const runtimeServiceColumns = `id, company_id, execution_workspace_id, coalesce(project_workspace_id::text, ''),
 	coalesce(run_id::text, ''), name, command, cwd, coalesce(port, 0), status, health, desired_state, stop_policy,
 	lifecycle, idle_timeout_s, coalesce(pid, 0), coalesce(pgid, 0), coalesce(process_start, 0), node_id,
-	supervisor_id, log_path, generation, restarts, exit_code, log_excerpt, stop_reason, started_at, stopped_at,
+	supervisor_id, log_path, provider_ref, generation, restarts, exit_code, log_excerpt, stop_reason, started_at, stopped_at,
 	last_request_at, created_at, updated_at, start_requested_at`
 
 func scanRuntimeService(row pgx.Row) (RuntimeService, error) {
@@ -94,7 +96,7 @@ func scanRuntimeService(row pgx.Row) (RuntimeService, error) {
 	var start int64
 	err := row.Scan(&s.ID, &s.CompanyID, &s.ExecutionWorkspaceID, &s.ProjectWorkspaceID, &s.RunID, &s.Name, &s.Command,
 		&s.Cwd, &s.Port, &s.Status, &s.Health, &s.DesiredState, &s.StopPolicy, &s.Lifecycle, &s.IdleTimeoutS, &s.PID,
-		&s.PGID, &start, &s.NodeID, &s.SupervisorID, &s.LogPath, &s.Generation, &s.Restarts, &s.ExitCode,
+		&s.PGID, &start, &s.NodeID, &s.SupervisorID, &s.LogPath, &s.ProviderRef, &s.Generation, &s.Restarts, &s.ExitCode,
 		&s.LogExcerpt, &s.StopReason, &s.StartedAt, &s.StoppedAt, &s.LastRequestAt, &s.CreatedAt, &s.UpdatedAt, &s.StartRequestedAt)
 	s.ProcessStart = uint64(start)
 	return s, notFound(err)
@@ -186,7 +188,7 @@ func MarkRuntimeServiceStarting(ctx context.Context, q Querier, id string, st Se
 		st.IdleTimeoutS = 1800
 	}
 	s, err := scanRuntimeService(q.QueryRow(ctx, `UPDATE runtime_services
-		SET status = 'starting', health = 'unknown', port = $2, node_id = $3, supervisor_id = $4, log_path = $5,
+		SET status = 'starting', health = 'unknown', port = nullif($2, 0), provider_ref = '', node_id = $3, supervisor_id = $4, log_path = $5,
 			command = $6, idle_timeout_s = $7, generation = generation + 1, pid = NULL, pgid = NULL,
 			process_start = NULL, exit_code = NULL, log_excerpt = '', stop_reason = '', started_at = now(),
 			stopped_at = NULL, last_request_at = NULL, updated_at = now()
@@ -208,6 +210,22 @@ func MarkRuntimeServiceRunning(ctx context.Context, q Querier, id string, gen in
 		WHERE id = $1 AND generation = $2 AND status = 'starting' RETURNING `+runtimeServiceColumns,
 		id, gen, pid, pgid, int64(start)))
 	if errors.Is(err, ErrNotFound) {
+		return s, ErrServiceState
+	}
+	return s, err
+}
+
+// MarkRuntimeServiceRemote records where a starting plugin service runs: its instance, and the
+// port on this host's loopback the plugin published it on (ErrPortTaken when another live service
+// of the node holds that number; ErrServiceState when generation gen moved on).
+func MarkRuntimeServiceRemote(ctx context.Context, q Querier, id string, gen int64, port int, providerRef string) (RuntimeService, error) {
+	s, err := scanRuntimeService(q.QueryRow(ctx, `UPDATE runtime_services
+		SET port = $3, provider_ref = $4, updated_at = now()
+		WHERE id = $1 AND generation = $2 AND status = 'starting' RETURNING `+runtimeServiceColumns, id, gen, port, providerRef))
+	switch {
+	case isUniqueViolation(err):
+		return s, ErrPortTaken
+	case errors.Is(err, ErrNotFound):
 		return s, ErrServiceState
 	}
 	return s, err

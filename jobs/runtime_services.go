@@ -99,6 +99,8 @@ type Services struct {
 	mu   sync.Mutex
 	lock map[string]*sync.Mutex
 	log  *slog.Logger
+	// remote are the services this process started on plugin instances, by id (under mu).
+	remote map[string]remoteService
 }
 
 // NewServices builds the runtime services of a process; Workers makes one when Deps has none.
@@ -109,7 +111,7 @@ func NewServices(d Deps) *Services {
 	}
 	life, end := context.WithCancel(context.Background())
 	return &Services{deps: d, sup: &environment.Supervisor{}, life: life, end: end, lock: map[string]*sync.Mutex{},
-		log: log.With("component", "services")}
+		remote: map[string]remoteService{}, log: log.With("component", "services")}
 }
 
 // Close stops watching: no crash restart happens after it. The processes themselves end with
@@ -150,11 +152,16 @@ func (m *Services) Start(ctx context.Context, id string, restart bool) error {
 	if _, ok := m.sup.Running(id); ok && svc.Status == db.ServiceRunning && !restart {
 		return nil
 	}
+	if _, ok := m.remoteRunning(id); ok && svc.Status == db.ServiceRunning && !restart {
+		return nil
+	}
 	if restart && svc.Live() {
 		// The old server holds the port: end it first, so the new one keeps the port (its
 		// watcher then finds a new generation and records nothing).
 		if _, ok := m.sup.Running(id); ok {
 			err = m.sup.Stop(ctx, id)
+		} else if svc.ProviderRef != "" {
+			err = m.stopRemote(ctx, svc)
 		} else {
 			err = environment.StopService(ctx, id, 0, svc.Port, environment.DefaultGrace)
 		}
@@ -167,11 +174,12 @@ func (m *Services) Start(ctx context.Context, id string, restart bool) error {
 
 // start starts svc under a new generation; the caller holds its lock.
 func (m *Services) start(ctx context.Context, svc db.RuntimeService) error {
-	spec, def, err := m.specFor(ctx, svc)
+	spec, def, env, err := m.specFor(ctx, svc)
+	if err == nil && env.Driver == environment.DriverPlugin {
+		return m.startRemote(ctx, svc, spec, def, env)
+	}
 	if err != nil {
-		_, e := db.MarkRuntimeServiceEnded(ctx, m.deps.Pool, svc.ID, 0, db.ServiceEnd{Status: db.ServiceFailed,
-			LogExcerpt: err.Error(), StopReason: "cannot_start"})
-		return errors.Join(e, river.JobCancel(err)) // the row says why; a retry would say the same
+		return m.cannotStart(ctx, svc, err)
 	}
 	taken, err := db.NodeServicePorts(ctx, m.deps.Pool, m.deps.NodeID)
 	if err != nil {
@@ -319,6 +327,8 @@ func (m *Services) stop(ctx context.Context, svc db.RuntimeService, reason strin
 		if c := p.ExitCode(); c >= 0 {
 			code = &c
 		}
+	} else if svc.ProviderRef != "" {
+		stopErr = m.stopRemote(ctx, svc)
 	} else {
 		stopErr = environment.StopService(ctx, svc.ID, 0, svc.Port, environment.DefaultGrace)
 	}
@@ -357,27 +367,29 @@ func (m *Services) StopWorkspace(ctx context.Context, companyID, workspaceID, re
 }
 
 // specFor reads what a start needs: the workspace (ready, services allowed by its plan), the
-// service's definition (read at each start), its environment's placement and the paths.
-func (m *Services) specFor(ctx context.Context, svc db.RuntimeService) (environment.ServiceSpec, db.ServiceDefinition, error) {
+// service's definition (read at each start), its environment, its placement and the paths. A
+// plugin environment's spec has no placement: the plugin places the service (startRemote).
+func (m *Services) specFor(ctx context.Context, svc db.RuntimeService) (environment.ServiceSpec, db.ServiceDefinition, db.Environment, error) {
 	var def db.ServiceDefinition
+	var env db.Environment
 	ws, err := db.ExecutionWorkspaceByID(ctx, m.deps.Pool, svc.CompanyID, svc.ExecutionWorkspaceID)
 	if err != nil {
-		return environment.ServiceSpec{}, def, err
+		return environment.ServiceSpec{}, def, env, err
 	}
 	if ws.Status != db.WorkspaceReady {
-		return environment.ServiceSpec{}, def, fmt.Errorf("the workspace is %s, not ready", ws.Status)
+		return environment.ServiceSpec{}, def, env, fmt.Errorf("the workspace is %s, not ready", ws.Status)
 	}
 	var plan workspace.Plan
 	_ = json.Unmarshal(ws.Plan, &plan)
 	if ws.Trust == "low" || !plan.ServicesAllowed {
-		return environment.ServiceSpec{}, def, errors.New("the workspace's plan denies runtime services (low trust)")
+		return environment.ServiceSpec{}, def, env, errors.New("the workspace's plan denies runtime services (low trust)")
 	}
 	if svc.ProjectWorkspaceID == "" {
-		return environment.ServiceSpec{}, def, errors.New("the project workspace that defined the service is gone")
+		return environment.ServiceSpec{}, def, env, errors.New("the project workspace that defined the service is gone")
 	}
 	pw, err := db.ProjectWorkspaceByID(ctx, m.deps.Pool, svc.CompanyID, svc.ProjectWorkspaceID)
 	if err != nil {
-		return environment.ServiceSpec{}, def, fmt.Errorf("the service's project workspace: %w", err)
+		return environment.ServiceSpec{}, def, env, fmt.Errorf("the service's project workspace: %w", err)
 	}
 	found := false
 	for _, d := range pw.Services {
@@ -386,31 +398,33 @@ func (m *Services) specFor(ctx context.Context, svc db.RuntimeService) (environm
 		}
 	}
 	if !found {
-		return environment.ServiceSpec{}, def, fmt.Errorf("the project workspace no longer defines service %q", svc.Name)
+		return environment.ServiceSpec{}, def, env, fmt.Errorf("the project workspace no longer defines service %q", svc.Name)
 	}
 	if m.deps.Workspaces == nil || m.deps.DataDir == "" {
-		return environment.ServiceSpec{}, def, errors.New("this node has no workspaces or data dir")
+		return environment.ServiceSpec{}, def, env, errors.New("this node has no workspaces or data dir")
 	}
 	root, err := m.deps.Workspaces.Root(ws.Ref)
 	if err != nil {
-		return environment.ServiceSpec{}, def, err
+		return environment.ServiceSpec{}, def, env, err
 	}
-	env, err := db.EnvironmentByID(ctx, m.deps.Pool, svc.CompanyID, plan.EnvironmentID)
+	env, err = db.EnvironmentByID(ctx, m.deps.Pool, svc.CompanyID, plan.EnvironmentID)
 	if err != nil {
-		return environment.ServiceSpec{}, def, fmt.Errorf("the workspace's environment: %w", err)
+		return environment.ServiceSpec{}, def, env, fmt.Errorf("the workspace's environment: %w", err)
 	}
-	home := ""
-	if m.deps.HomeDir != "" {
-		home = filepath.Join(m.deps.HomeDir, ws.Ref)
-	}
-	m.deps.Egress.Bind(ws.ID, env.CompanyID, env.ID, nil, nil) // the service's connections follow its environment's policy
-	pl, err := servicePlacement(ctx, m.deps, env, home)
-	if err != nil {
-		return environment.ServiceSpec{}, def, err
+	var pl environment.Placement
+	if env.Driver != environment.DriverPlugin {
+		home := ""
+		if m.deps.HomeDir != "" {
+			home = filepath.Join(m.deps.HomeDir, ws.Ref)
+		}
+		m.deps.Egress.Bind(ws.ID, env.CompanyID, env.ID, nil, nil) // the service's connections follow its environment's policy
+		if pl, err = servicePlacement(ctx, m.deps, env, home); err != nil {
+			return environment.ServiceSpec{}, def, env, err
+		}
 	}
 	logDir := filepath.Join(m.deps.DataDir, "services")
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
-		return environment.ServiceSpec{}, def, err
+		return environment.ServiceSpec{}, def, env, err
 	}
 	// The preview origin serves the service at its root; a definition with strip_prefix false
 	// keeps the older /preview/{id}/ base (docs/previews.md "Paths").
@@ -425,7 +439,7 @@ func (m *Services) specFor(ctx context.Context, svc db.RuntimeService) (environm
 	}
 	return environment.ServiceSpec{ID: svc.ID, WorkspaceID: ws.ID, Command: def.Command, Root: root, PortEnv: def.PortEnv,
 		Port: svc.Port, HealthPath: health, PreviewBase: base, ReadyTimeout: time.Duration(timeout) * time.Second,
-		LogPath: filepath.Join(logDir, svc.ID+".log"), Placement: pl}, def, nil
+		LogPath: filepath.Join(logDir, svc.ID+".log"), Placement: pl}, def, env, nil
 }
 
 // servicePlacement is environment.ServicePlacement for a stored environment, with the options a
@@ -471,6 +485,8 @@ func idleSeconds(def db.ServiceDefinition) int {
 
 func failReason(err error) string {
 	switch {
+	case errors.Is(err, environment.ErrServicesUnsupported):
+		return StopServicesUnsupported
 	case errors.Is(err, environment.ErrServiceExited):
 		return "exited"
 	case errors.Is(err, environment.ErrServiceNotReady):

@@ -10,19 +10,22 @@ import (
 // and it has not exited; false otherwise. The preview proxy uses it to trust a cached service row
 // (handlers/preview/cache.go).
 func (m *Services) Serving(id string) (int, bool) {
-	p, ok := m.sup.Running(id)
-	if !ok {
-		return 0, false
+	if p, ok := m.sup.Running(id); ok {
+		return p.Port, true
 	}
-	return p.Port, true
+	if r, ok := m.remoteRunning(id); ok {
+		return r.port, true
+	}
+	return 0, false
 }
 
 // DialService connects to port in execution workspace workspaceID's network on this node: its
 // namespace while a jail of it lives (services listen there, not on the host), else the host's
-// loopback (an uncontained service, or a node that has no namespaces).
+// loopback (an uncontained service, a node that has no namespaces, or a service of a plugin
+// environment, which the plugin published on the host's loopback: runtime_services_plugin.go).
 func (m *Services) DialService(ctx context.Context, workspaceID string, port int) (net.Conn, error) {
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	if m.deps.Networks != nil {
+	if m.deps.Networks != nil && !m.remoteFor(workspaceID, port) {
 		if c, err := m.deps.Networks.Dial(ctx, workspaceID, "tcp", addr); err == nil {
 			return c, nil
 		}

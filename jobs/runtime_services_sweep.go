@@ -42,6 +42,13 @@ func (s sweeper) sweepServices(ctx context.Context, startup bool) error {
 				live[svc.ID] = true
 				continue
 			}
+			if svc.ProviderRef != "" { // a plugin's instance: released, so nothing of it is left there
+				if err := stopRemoteService(ctx, s.deps, svc); err != nil {
+					errs = append(errs, err)
+					live[svc.ID] = true
+					continue
+				}
+			}
 			if err := environment.StopService(ctx, svc.ID, 0, svc.Port, killGrace); err != nil {
 				errs = append(errs, err)
 				live[svc.ID] = true

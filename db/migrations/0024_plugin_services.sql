@@ -1,0 +1,7 @@
+-- Runtime services on plugin environments (docs/plugins.md "Services and terminals"): a service
+-- of a plugin environment runs on an instance of its own that the plugin holds; provider_ref
+-- records it ('plugin:<ref>', '' for services this node's supervisor runs in a jail) so a stop,
+-- a restart or the sweep after a crash of Berth releases it. Its port is the one the plugin
+-- published on this host's loopback.
+ALTER TABLE runtime_services ADD COLUMN provider_ref text NOT NULL DEFAULT ''
+    CHECK (length(provider_ref) <= 600);
