@@ -37,6 +37,17 @@ type SetupSession struct {
 	UpdatedAt     time.Time
 	FinishedAt    *time.Time
 	NodeID        string // the node whose process holds the session's shell and scratch layer
+	ProviderRef   string // plugin environments: the instance the terminal runs on ("" otherwise)
+}
+
+// SetSetupSessionProviderRef records the plugin instance a session's terminal runs on.
+func SetSetupSessionProviderRef(ctx context.Context, q Querier, companyID, id, ref string) error {
+	tag, err := q.Exec(ctx, `UPDATE image_setup_sessions SET provider_ref = $3, updated_at = now()
+		WHERE company_id = $1 AND id = $2`, companyID, id, ref)
+	if err == nil && tag.RowsAffected() == 0 {
+		err = ErrNotFound
+	}
+	return err
 }
 
 // Live reports whether the session still holds its environment's one live slot.
@@ -45,12 +56,12 @@ func (s SetupSession) Live() bool {
 }
 
 const setupSessionColumns = `id, company_id, environment_id, base_version, coalesce(user_id::text, ''), status,
-	expires_at, coalesce(result_version, 0), error, created_at, updated_at, finished_at, node_id`
+	expires_at, coalesce(result_version, 0), error, created_at, updated_at, finished_at, node_id, provider_ref`
 
 func scanSetupSession(row pgx.Row) (SetupSession, error) {
 	var s SetupSession
 	err := row.Scan(&s.ID, &s.CompanyID, &s.EnvironmentID, &s.BaseVersion, &s.UserID, &s.Status, &s.ExpiresAt,
-		&s.ResultVersion, &s.Error, &s.CreatedAt, &s.UpdatedAt, &s.FinishedAt, &s.NodeID)
+		&s.ResultVersion, &s.Error, &s.CreatedAt, &s.UpdatedAt, &s.FinishedAt, &s.NodeID, &s.ProviderRef)
 	return s, notFound(err)
 }
 

@@ -24,6 +24,7 @@ type pluginRuns struct {
 	*runEnv
 	dir, state string
 	runAs      *environment.PluginIdentity
+	host       *environment.PluginHost
 }
 
 func setupPluginRuns(t *testing.T) *pluginRuns {
@@ -34,6 +35,7 @@ func setupPluginRuns(t *testing.T) *pluginRuns {
 	}
 	pr := &pluginRuns{dir: plugintest.Dir(t), state: plugintest.Dir(t), runAs: runAs}
 	host := environment.NewPluginHost(environment.PluginHostOptions{Dir: pr.dir, StateDir: pr.state, RunAs: runAs})
+	pr.host = host
 	t.Cleanup(func() { host.Close() })
 	pr.runEnv = setupRunsWorkers(t, func(d *jobs.Deps) { d.Plugins = host })
 	return pr

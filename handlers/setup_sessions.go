@@ -28,6 +28,8 @@ type ImageSetup struct {
 	DataDir   string
 	Jail      *jail.Host
 	Terminals *terminal.Registry
+	// Plugins runs plugin environments' drivers: their sessions' terminals (setup_sessions_plugin.go).
+	Plugins *environment.PluginHost
 }
 
 // Session ttl bounds (seconds).
@@ -119,6 +121,9 @@ func (s *Server) apiStartSetupSession(w http.ResponseWriter, r *http.Request, p 
 // starts its shell. A failure after the record leaves the session failed, its scratch dropped.
 func (s *Server) startSetupSession(r *http.Request, a access, envID string, ttl time.Duration) (db.SetupSession, error) {
 	ctx := r.Context()
+	if env, ok := s.isPluginEnvironment(ctx, a.Company.ID, envID); ok {
+		return s.startPluginSetupSession(r, a, env, ttl)
+	}
 	is := s.imageSetup
 	if is == nil || is.Jail == nil || is.DataDir == "" || is.Terminals == nil {
 		return db.SetupSession{}, errSetupUnavailable
@@ -276,6 +281,9 @@ func (s *Server) endSetupSession(r *http.Request, p *principal, id string, finis
 	if finish && s.jobs == nil {
 		return db.SetupSession{}, errSetupUnavailable
 	}
+	if _, ok := s.isPluginEnvironment(ctx, a.Company.ID, sess.EnvironmentID); ok && finish {
+		return db.SetupSession{}, errCaptureUnsupported
+	}
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		sess, err = db.MoveSetupSession(ctx, tx, a.Company.ID, id, []string{db.SetupWaitingForUser, db.SetupStarting}, to, "")
 		if errors.Is(err, db.ErrConflict) {
@@ -304,6 +312,7 @@ func (s *Server) endSetupSession(r *http.Request, p *principal, id string, finis
 	}
 	if !finish && s.imageSetup != nil {
 		jobs.RemoveSetupFiles(s.imageSetup.DataDir, sess)
+		s.releasePluginSetup(ctx, sess)
 	}
 	return sess, nil
 }

@@ -65,7 +65,7 @@ func (s *Server) terminalSocket(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	is := s.imageSetup
-	if is == nil || is.Terminals == nil || is.Jail == nil {
+	if is == nil || is.Terminals == nil || (is.Jail == nil && is.Plugins == nil) {
 		return errNotFound
 	}
 	up := websocket.Upgrader{ReadBufferSize: 32 << 10, WriteBufferSize: 32 << 10,
@@ -129,6 +129,9 @@ func (s *Server) authorizeTerminal(ctx context.Context, ip, id, token string) (t
 	}
 	s.auditAt(ctx, ip, &principal{User: u, Via: "terminal_token"}, t.CompanyID, "terminal.attached", "image_setup_session", id,
 		map[string]any{"environment_id": sess.EnvironmentID})
+	if env.Driver == environment.DriverPlugin {
+		return s.pluginAttach(ctx, env, sess)
+	}
 	return terminal.Attach{Start: s.setupStarter(sess, cfg.Sandbox), Expires: sess.ExpiresAt, Transcript: s.transcript(sess)}, nil
 }
 

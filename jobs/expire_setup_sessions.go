@@ -55,6 +55,9 @@ func (w *ExpireSetupSessionsWorker) Work(ctx context.Context, _ *river.Job[Expir
 			return err
 		}
 		removeSetupFiles(w.deps.DataDir, s)
+		if err := ReleaseSetupInstance(ctx, w.deps, s); err != nil && w.deps.Log != nil { // a plugin environment's instance
+			w.deps.Log.WarnContext(ctx, "release setup instance", "session_id", s.ID, "err", err)
+		}
 	}
 	if err := w.sweepScratch(ctx); err != nil {
 		return err

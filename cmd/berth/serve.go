@@ -208,7 +208,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	listener := &db.EventListener{Config: d.Pool.Config().ConnConfig, Log: log, OnEvent: events.Publish, OnListen: events.Listening}
 	go func() { _ = listener.Run(ctx) }()
 	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Artifacts: artifacts, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
-		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{})}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events,
+		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{}), Plugins: plugins}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events,
 		Nodes: node0.handlerNodes(), DialService: dialService, OnEnvironmentChange: egressState.Invalidate, HostChecks: hostChecks(deps0, *c),
 		PreviewDomain: origins.Domain, PreviewPorts: origins.Ports, PreviewBind: origins.Bind, PreviewKey: handlers.PreviewKey(key)})
 	if err != nil {

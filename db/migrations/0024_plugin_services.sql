@@ -5,3 +5,8 @@
 -- published on this host's loopback.
 ALTER TABLE runtime_services ADD COLUMN provider_ref text NOT NULL DEFAULT ''
     CHECK (length(provider_ref) <= 600);
+
+-- A setup session of a plugin environment is a terminal on an instance the plugin holds for it
+-- (no scratch layer on this host): provider_ref records it so cancel, finish and expiry release it.
+ALTER TABLE image_setup_sessions ADD COLUMN provider_ref text NOT NULL DEFAULT ''
+    CHECK (length(provider_ref) <= 600);

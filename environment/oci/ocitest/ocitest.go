@@ -66,7 +66,7 @@ func StartRegistry(t testing.TB) string {
 }
 
 // HostTools are the host programs NodeImage carries (besides /bin/sh).
-var HostTools = []string{"cat", "ls", "rm", "mkdir", "echo", "sleep", "node"}
+var HostTools = []string{"cat", "ls", "rm", "mkdir", "echo", "sleep", "stty", "node"}
 
 // NodeImage is a two-layer image: a base with /bin/sh, HostTools and their libraries (symlinks
 // /bin → usr/bin, /lib → usr/lib, /lib64 → usr/lib64 as Debian's merged /usr has them), and a
