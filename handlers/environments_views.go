@@ -84,7 +84,7 @@ func (s *Server) environmentView(ctx context.Context, a access, env db.Environme
 		if images, err = s.envImageVersionsView(ctx, env.CompanyID, env.ID); err != nil {
 			return views.EnvironmentDetail{}, err
 		}
-		images.Setup = env.Driver == environment.DriverSandbox // setup sessions build sandbox layers
+		images.Setup = true // sandbox sessions build layers; a plugin's is a shell in its image (setup_sessions_plugin.go)
 		images.CanImport = a.Admin && s.jobs != nil
 	}
 	d := views.EnvironmentDetail{ID: env.ID, CompanyID: env.CompanyID, Name: env.Name, Driver: env.Driver,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"berth/db"
+	"berth/environment"
 	"berth/views"
 )
 
@@ -68,7 +69,7 @@ func (s *Server) setupSessionPage(w http.ResponseWriter, r *http.Request, p *pri
 	}
 	d := views.SetupSessionDetail{ID: sess.ID, EnvironmentID: env.ID, Environment: env.Name, Status: sess.Status,
 		BaseVersion: sess.BaseVersion, ResultVersion: sess.ResultVersion, ExpiresAt: sess.ExpiresAt, Error: sess.Error,
-		Live:    sess.Status == db.SetupWaitingForUser,
+		Live: sess.Status == db.SetupWaitingForUser, Plugin: env.Driver == environment.DriverPlugin,
 		XtermJS: s.assets.URL("vendor/xterm.js"), XtermCSS: s.assets.URL("vendor/xterm.css"),
 		FitJS: s.assets.URL("vendor/addon-fit.js"), TerminalJS: s.assets.URL("js/terminal.js")}
 	return s.render(w, r, views.SetupSessionPage(s.companyFrame(r, a, "Setup session", "environments"), d))

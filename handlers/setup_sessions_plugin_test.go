@@ -78,6 +78,13 @@ func TestSetupSessionOnPodman(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
+	// The page says what a plugin session is and offers no Finish.
+	resp := pr.do(pr.browser(ie.r.Admin), http.MethodGet, "/image-setup-sessions/"+id, nil, nil)
+	if page := readBody(t, resp); resp.StatusCode != 200 || !strings.Contains(page, `id="plugin-setup-hint"`) ||
+		strings.Contains(page, `id="finish-setup"`) || !strings.Contains(page, `id="cancel-setup"`) {
+		t.Fatalf("plugin setup session page = %d %q", resp.StatusCode, page)
+	}
+
 	// Finish: no capture through a plugin; nothing changes.
 	code, out := ie.call(ie.r.Admin, http.MethodPost, "/api/image-setup-sessions/"+id+"/finish", nil)
 	if code != 409 || out["error"].(map[string]any)["code"] != "image_capture_unsupported" {

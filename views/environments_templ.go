@@ -57,7 +57,7 @@ type EnvironmentImages struct {
 	More   bool // older versions exist beyond Rows
 	// LiveSession is the id of the environment's live setup session, "" when none.
 	LiveSession string
-	// Setup says setup sessions can build versions here (sandbox environments).
+	// Setup shows "Start setup session" (sandbox environments build versions; a plugin's is a shell in its image).
 	Setup bool
 	// CanImport shows the "Import image" form (instance admins, on a server that queues jobs).
 	CanImport bool
