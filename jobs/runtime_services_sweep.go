@@ -16,6 +16,8 @@ import (
 //     answers is adopted: left running as it is;
 //   - any other live row has whatever is left of its processes killed and is settled stopped
 //     (supervisor_gone), so no row says running on a dead port;
+//   - a live row of a plugin service (provider_ref) that this process does not run has its
+//     plugin instance released first (StopService, Release), then settles the same way;
 //   - a row that should run and no longer does gets a start job (one server per service: a start
 //     kills anything still tagged with the service first);
 //   - processes tagged with a service whose row is not live are killed; processes tagged with an
@@ -35,6 +37,12 @@ func (s sweeper) sweepServices(ctx context.Context, startup bool) error {
 		if self != "" && svc.SupervisorID == self {
 			live[svc.ID] = svc.Live()
 			continue
+		}
+		if s.deps.Services != nil {
+			if _, ok := s.deps.Services.remoteRunning(svc.ID); ok { // a plugin service this process runs
+				live[svc.ID] = true
+				continue
+			}
 		}
 		if svc.Live() {
 			if svc.Status == db.ServiceRunning && environment.ServiceAlive(svc.ID, svc.PID, svc.ProcessStart) &&
