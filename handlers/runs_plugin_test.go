@@ -25,6 +25,7 @@ type pluginRuns struct {
 	dir, state string
 	runAs      *environment.PluginIdentity
 	host       *environment.PluginHost
+	jobs       *jobs.Deps // the workers' deps (Services: what the preview origin dials through)
 }
 
 func setupPluginRuns(t *testing.T) *pluginRuns {
@@ -37,7 +38,7 @@ func setupPluginRuns(t *testing.T) *pluginRuns {
 	host := environment.NewPluginHost(environment.PluginHostOptions{Dir: pr.dir, StateDir: pr.state, RunAs: runAs})
 	pr.host = host
 	t.Cleanup(func() { host.Close() })
-	pr.runEnv = setupRunsWorkers(t, func(d *jobs.Deps) { d.Plugins = host })
+	pr.runEnv = setupRunsWorkers(t, func(d *jobs.Deps) { d.Plugins, pr.jobs = host, d })
 	return pr
 }
 

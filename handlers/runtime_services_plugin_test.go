@@ -142,7 +142,7 @@ func TestRuntimeServiceOnPodman(t *testing.T) {
 	}
 
 	// What the preview proxy dials: the recorded loopback port, not a namespace.
-	c, err := pr.srv.dialService(context.Background(), ws.ID, port)
+	c, err := pr.jobs.Services.DialService(context.Background(), ws.ID, port)
 	if err != nil {
 		t.Fatalf("dial service: %v", err)
 	}
@@ -156,10 +156,9 @@ func TestRuntimeServiceOnPodman(t *testing.T) {
 	if want := "hello from the container on " + id; resp.StatusCode != 200 || string(body) != want {
 		t.Fatalf("dialled service = %d %q, want %q", resp.StatusCode, body, want)
 	}
-	// And the preview route, as a member of the company.
-	presp := pr.do(pr.client(), http.MethodGet, "/preview/"+id+"/", nil, map[string]string{"Authorization": "Bearer " + pr.r.Viewer.Token})
-	if pbody := readBody(t, presp); presp.StatusCode != 200 || !strings.Contains(pbody, "hello from the container") {
-		t.Fatalf("preview = %d %q", presp.StatusCode, pbody)
+	// And the service's preview origin, as a member of the company.
+	if code, pbody := getWith(t, sv["url"].(string), pr.r.Viewer.Token); code != 200 || !strings.Contains(pbody, "hello from the container") {
+		t.Fatalf("preview %s = %d %q", sv["url"], code, pbody)
 	}
 
 	if code, out := pr.call(pr.r.Board, http.MethodPost, "/api/execution-workspaces/"+ws.ID+"/runtime-services/stop",
@@ -180,7 +179,7 @@ func TestRuntimeServiceOnPodman(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if _, err := pr.srv.dialService(context.Background(), ws.ID, port); err == nil {
+	if _, err := pr.jobs.Services.DialService(context.Background(), ws.ID, port); err == nil {
 		t.Fatal("the stopped service still answers")
 	}
 }
@@ -212,8 +211,7 @@ func TestRuntimeServiceOnPluginWithoutServices(t *testing.T) {
 	if tagged, _ := environment.TaggedServices(context.Background()); len(tagged[sv["id"].(string)]) != 0 {
 		t.Fatalf("the refused service runs on this host: %v", tagged)
 	}
-	resp := pr.do(pr.client(), http.MethodGet, "/preview/"+sv["id"].(string)+"/", nil, map[string]string{"Authorization": "Bearer " + pr.r.Viewer.Token})
-	if body := readBody(t, resp); resp.StatusCode == 200 {
-		t.Fatalf("preview of a refused service = %d %q", resp.StatusCode, body)
+	if code, body := getWith(t, sv["url"].(string), pr.r.Viewer.Token); code == 200 {
+		t.Fatalf("preview of a refused service %s = %d %q", sv["url"], code, body)
 	}
 }
