@@ -476,13 +476,6 @@ func servicePlacement(ctx context.Context, d Deps, env db.Environment, home stri
 	return environment.ServicePlacement(cfg, opts, home)
 }
 
-func idleSeconds(def db.ServiceDefinition) int {
-	if def.IdleTimeoutM > 0 {
-		return def.IdleTimeoutM * 60
-	}
-	return 1800
-}
-
 func failReason(err error) string {
 	switch {
 	case errors.Is(err, environment.ErrServicesUnsupported):

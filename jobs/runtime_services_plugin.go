@@ -186,6 +186,14 @@ func stopRemoteService(ctx context.Context, d Deps, svc db.RuntimeService) error
 	return rs.StopRemoteService(ctx, inst, svc.Name)
 }
 
+// idleSeconds is a definition's idle timeout in seconds (default 30 minutes).
+func idleSeconds(def db.ServiceDefinition) int {
+	if def.IdleTimeoutM > 0 {
+		return def.IdleTimeoutM * 60
+	}
+	return 1800
+}
+
 // previewBase is the path the service is served under on its preview origin (ServiceSpec).
 func previewBase(spec environment.ServiceSpec) string {
 	if spec.PreviewBase == "" {
