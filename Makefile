@@ -28,7 +28,7 @@ deps: ## Install what the tests need (PostgreSQL server binaries, npm packages)
 	./scripts/test-deps.sh
 
 test: deps verify ## Install what the tests need, run verify, then every test with the race detector
-	BERTH_REQUIRE_BROWSER=1 go test -race -count=1 $(GO_TEST_FLAGS) ./...
+	BERTH_REQUIRE_BROWSER=1 go test -race -count=1 -timeout 30m $(GO_TEST_FLAGS) ./...
 
 generate: ## Regenerate templ output (commit the result)
 	go tool templ generate -path views
