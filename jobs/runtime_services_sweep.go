@@ -88,10 +88,17 @@ func (s sweeper) sweepServices(ctx context.Context, startup bool) error {
 		if live[id] {
 			continue
 		}
-		if _, err := db.RuntimeServiceForProxy(ctx, s.deps.Pool, id); err != nil {
+		fresh, err := db.RuntimeServiceForProxy(ctx, s.deps.Pool, id)
+		if err != nil {
 			if errors.Is(err, db.ErrNotFound) {
 				s.log.WarnContext(ctx, "processes tagged with an unknown service", "service_id", id, "pids", tagged[id])
 			}
+			continue
+		}
+		// Read again: a service that started after the rows above were read is live now, and its
+		// processes are its supervisor's, not leftovers (killing them here was a SIGTERM to a
+		// service half a second into its start).
+		if fresh.Live() {
 			continue
 		}
 		errs = append(errs, environment.StopService(ctx, id, 0, 0, killGrace))
