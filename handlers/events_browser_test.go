@@ -164,8 +164,8 @@ func TestLivePagesBrowser(t *testing.T) {
 	err = chromedp.Do(ctx,
 		chromedp.Navigate(re.ts.URL+"/login"),
 		chromedp.WaitVisible(chromedp.CSS(`input[name=email]`)),
-		chromedp.SendKeys(chromedp.CSS(`input[name=email]`), re.r.Board.User.Email),
-		chromedp.SendKeys(chromedp.CSS(`input[name=password]`), "correct horse battery"),
+		typeInto(chromedp.CSS(`input[name=email]`), re.r.Board.User.Email),
+		typeInto(chromedp.CSS(`input[name=password]`), "correct horse battery"),
 		chromedp.Click(chromedp.CSS(`form.form button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`body.app`)),
 		chromedp.Navigate(re.ts.URL+"/tasks/"+task.ID),
@@ -297,4 +297,12 @@ func TestLivePagesBrowser(t *testing.T) {
 		idle(c.page + " after the change")
 		fragmentsOnly(c.page, n, m, c.fragment)
 	}
+}
+
+// typeInto types text into the element sel finds, as chromedp.SendKeys does. SendKeys in
+// chromedp v0.23.1 reads the node's attributes before taking the node's lock, a data race with
+// the DOM events of the page that -race reports; focusing the node and sending the keys to the
+// focused element types the same keys without touching the attributes.
+func typeInto[S chromedp.Selectable](sel S, text string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(chromedp.Focus(sel, chromedp.NodeVisible), chromedp.KeyEvent(text))
 }

@@ -55,7 +55,7 @@ func TestBrowserPaletteAndShortcuts(t *testing.T) {
 		t.Fatalf("the palette's input is not focused (%q)", focused)
 	}
 	browserStep(t, ctx, "type a key",
-		chromedp.SendKeys(chromedp.CSS(`#palette-input`), "demo-"),
+		typeInto(chromedp.CSS(`#palette-input`), "demo-"),
 		chromedp.WaitVisible(chromedp.CSS(`#palette-results .palette-hit[data-kind="task"]`)))
 	first := evalString(t, ctx, `document.querySelector('#palette-results .palette-hit.active').textContent`)
 	if !strings.Contains(strings.ToUpper(first), "DEMO-") {
@@ -77,7 +77,7 @@ func TestBrowserPaletteAndShortcuts(t *testing.T) {
 	// "/" opens it too, Esc closes it; a search for nothing says so.
 	browserStep(t, ctx, "slash",
 		chromedp.WaitVisible(chromedp.CSS(`.page-header`)), key("/"), chromedp.WaitVisible(chromedp.CSS(`#palette-input`)),
-		chromedp.SendKeys(chromedp.CSS(`#palette-input`), "zzz-no-such-thing"), chromedp.WaitVisible(chromedp.CSS(`#palette-empty`)),
+		typeInto(chromedp.CSS(`#palette-input`), "zzz-no-such-thing"), chromedp.WaitVisible(chromedp.CSS(`#palette-empty`)),
 		key(kbEscape), chromedp.WaitNotVisible(chromedp.CSS(`#palette`)))
 
 	// ? lists the shortcuts of this page; g p and g t follow them.
@@ -101,7 +101,7 @@ func TestBrowserPaletteAndShortcuts(t *testing.T) {
 	// Typing in a field is not a shortcut.
 	browserStep(t, ctx, "typing",
 		chromedp.Navigate(base+pages["tasks"]), chromedp.WaitVisible(chromedp.CSS(`#new-task-title`)),
-		chromedp.SendKeys(chromedp.CSS(`#new-task-title`), "g p /?"))
+		typeInto(chromedp.CSS(`#new-task-title`), "g p /?"))
 	if p := evalString(t, ctx, `location.pathname`); p != pages["tasks"] {
 		t.Errorf("typing g p in a field navigated to %s", p)
 	}
@@ -230,7 +230,7 @@ func TestBrowserDarkModeAndContrast(t *testing.T) {
 		}
 		// The open palette with results, and the shortcuts list.
 		browserStep(t, ctx, "palette "+scheme, chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS(`.page-header`)),
-			key("k", chromedp.ModifierCtrl), chromedp.SendKeys(chromedp.CSS(`#palette-input`), "demo"),
+			key("k", chromedp.ModifierCtrl), typeInto(chromedp.CSS(`#palette-input`), "demo"),
 			chromedp.WaitVisible(chromedp.CSS(`#palette-results .palette-hit`)))
 		screenshot(t, ctx, "board-palette-"+scheme)
 		for _, f := range evalList(t, ctx, contrastJS) {
@@ -279,7 +279,7 @@ func TestBrowserSettings(t *testing.T) {
 		t.Errorf("sessions listed: %s, want 2 (this browser and the other)", n)
 	}
 	browserStep(t, ctx, "create token",
-		chromedp.SendKeys(chromedp.CSS(`#token-name`), "ci"),
+		typeInto(chromedp.CSS(`#token-name`), "ci"),
 		chromedp.Click(chromedp.CSS(`#token-form button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#new-token-value`)))
 	token := strings.TrimSpace(evalString(t, ctx, `document.querySelector('#new-token-value').textContent`))
@@ -301,15 +301,15 @@ func TestBrowserSettings(t *testing.T) {
 		t.Errorf("the other session after sign-out-others: %v %v, want the sign-in redirect", resp, err)
 	}
 	browserStep(t, ctx, "wrong current password",
-		chromedp.SendKeys(chromedp.CSS(`#current-password`), "not my password"),
-		chromedp.SendKeys(chromedp.CSS(`#new-password`), "another long password"),
-		chromedp.SendKeys(chromedp.CSS(`#confirm-password`), "another long password"),
+		typeInto(chromedp.CSS(`#current-password`), "not my password"),
+		typeInto(chromedp.CSS(`#new-password`), "another long password"),
+		typeInto(chromedp.CSS(`#confirm-password`), "another long password"),
 		chromedp.Click(chromedp.CSS(`#password-form button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#password-form .field-error`)))
 	browserStep(t, ctx, "change password",
-		chromedp.SendKeys(chromedp.CSS(`#current-password`), "a long admin password"),
-		chromedp.SendKeys(chromedp.CSS(`#new-password`), "another long password"),
-		chromedp.SendKeys(chromedp.CSS(`#confirm-password`), "another long password"),
+		typeInto(chromedp.CSS(`#current-password`), "a long admin password"),
+		typeInto(chromedp.CSS(`#new-password`), "another long password"),
+		typeInto(chromedp.CSS(`#confirm-password`), "another long password"),
 		chromedp.Click(chromedp.CSS(`#password-form button[type=submit]`)))
 	waitJS(t, ctx, `!!document.querySelector('#flash') && document.querySelector('#flash').textContent.includes('Password changed')`)
 	httpSession(t, base, "admin@example.com", "another long password")
@@ -369,8 +369,8 @@ func TestBrowserOnboarding(t *testing.T) {
 		t.Errorf("the company step links %q, want the create-company form", got)
 	}
 	browserStep(t, ctx, "create company",
-		chromedp.SendKeys(chromedp.CSS(`#company-name`), "Acme"),
-		chromedp.SendKeys(chromedp.CSS(`#company-slug`), "acme"),
+		typeInto(chromedp.CSS(`#company-name`), "Acme"),
+		typeInto(chromedp.CSS(`#company-slug`), "acme"),
 		chromedp.Click(chromedp.CSS(`#create-company button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#new-project`)),
 		chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS(`#onboarding`)))

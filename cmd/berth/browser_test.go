@@ -90,8 +90,8 @@ func signIn(t *testing.T, ctx context.Context, base, email, password string) {
 	err := chromedp.Do(ctx,
 		chromedp.Navigate(base+"/"),
 		chromedp.WaitVisible(chromedp.CSS(`input[name=email]`)),
-		chromedp.SendKeys(chromedp.CSS(`input[name=email]`), email),
-		chromedp.SendKeys(chromedp.CSS(`input[name=password]`), password),
+		typeInto(chromedp.CSS(`input[name=email]`), email),
+		typeInto(chromedp.CSS(`input[name=password]`), password),
 		chromedp.Click(chromedp.CSS(`form.form button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`.page-header h1`)),
 	)
@@ -111,8 +111,8 @@ func TestBrowserSignInOut(t *testing.T) {
 	err := chromedp.Do(ctx,
 		chromedp.Navigate(base+"/"),
 		chromedp.WaitVisible(chromedp.CSS(`input[name=email]`)),
-		chromedp.SendKeys(chromedp.CSS(`input[name=email]`), "admin@example.com"),
-		chromedp.SendKeys(chromedp.CSS(`input[name=password]`), "not the password"),
+		typeInto(chromedp.CSS(`input[name=email]`), "admin@example.com"),
+		typeInto(chromedp.CSS(`input[name=password]`), "not the password"),
 		chromedp.Click(chromedp.CSS(`form.form button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`.alert-error`)),
 	)
@@ -187,8 +187,8 @@ func TestBrowserNewcomerPath(t *testing.T) {
 
 	step("create company",
 		chromedp.WaitVisible(chromedp.CSS(`#create-company`)),
-		chromedp.SendKeys(chromedp.CSS(`#company-name`), "Acme Robotics"),
-		chromedp.SendKeys(chromedp.CSS(`#company-slug`), "acme"),
+		typeInto(chromedp.CSS(`#company-name`), "Acme Robotics"),
+		typeInto(chromedp.CSS(`#company-slug`), "acme"),
 		chromedp.Click(chromedp.CSS(`#create-company button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#new-project`)),
 	)
@@ -199,7 +199,7 @@ func TestBrowserNewcomerPath(t *testing.T) {
 	step("create local environment",
 		chromedp.Navigate(companyURL+"/environments"),
 		chromedp.WaitVisible(chromedp.CSS(`#new-environment`)),
-		chromedp.SendKeys(chromedp.CSS(`#new-environment-name`), "local"),
+		typeInto(chromedp.CSS(`#new-environment-name`), "local"),
 		chromedp.Click(chromedp.CSS(`#new-environment button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#environment-page`)),
 	)
@@ -208,8 +208,8 @@ func TestBrowserNewcomerPath(t *testing.T) {
 	step("create project",
 		chromedp.Navigate(companyURL),
 		chromedp.WaitVisible(chromedp.CSS(`#new-project`)),
-		chromedp.SendKeys(chromedp.CSS(`#project-name`), "Robot arm"),
-		chromedp.SendKeys(chromedp.CSS(`#project-key`), "ARM"),
+		typeInto(chromedp.CSS(`#project-name`), "Robot arm"),
+		typeInto(chromedp.CSS(`#project-key`), "ARM"),
 		chromedp.SetValue(chromedp.CSS(`#policy-mode`), "isolated"),
 		chromedp.Click(chromedp.CSS(`#new-project button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#new-workspace`)),
@@ -219,10 +219,10 @@ func TestBrowserNewcomerPath(t *testing.T) {
 	}
 
 	step("add git workspace",
-		chromedp.SendKeys(chromedp.CSS(`#ws-name`), "main"),
+		typeInto(chromedp.CSS(`#ws-name`), "main"),
 		chromedp.SetValue(chromedp.CSS(`#ws-type`), "git"),
-		chromedp.SendKeys(chromedp.CSS(`#ws-source`), repo),
-		chromedp.SendKeys(chromedp.CSS(`#ws-ref`), "main"),
+		typeInto(chromedp.CSS(`#ws-source`), repo),
+		typeInto(chromedp.CSS(`#ws-ref`), "main"),
 		chromedp.Click(chromedp.CSS(`#new-workspace button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`a[href^="/project-workspaces/"]`)),
 	)
@@ -232,8 +232,8 @@ func TestBrowserNewcomerPath(t *testing.T) {
 	step("create task",
 		chromedp.Navigate(strings.TrimSuffix(projectURL, "/")+"/tasks"),
 		chromedp.WaitVisible(chromedp.CSS(`#new-task`)),
-		chromedp.SendKeys(chromedp.CSS(`#new-task-title`), "Calibrate the <gripper>"),
-		chromedp.SendKeys(chromedp.CSS(`#new-task-command`), "echo calibrated > gripper.txt && echo done calibrating"),
+		typeInto(chromedp.CSS(`#new-task-title`), "Calibrate the <gripper>"),
+		typeInto(chromedp.CSS(`#new-task-command`), "echo calibrated > gripper.txt && echo done calibrating"),
 		chromedp.Click(chromedp.CSS(`#new-task button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#plan`)),
 	)
@@ -267,4 +267,12 @@ func TestBrowserNewcomerPath(t *testing.T) {
 	screenshot(t, ctx, "run")
 	// The live body may be swapped while it is read: wait for the text rather than read once.
 	waitJS(t, ctx, `(document.querySelector('#run-log') || {}).textContent.includes('done calibrating')`)
+}
+
+// typeInto types text into the element sel finds, as chromedp.SendKeys does. SendKeys in
+// chromedp v0.23.1 reads the node's attributes before taking the node's lock, a data race with
+// the DOM events of the page that -race reports; focusing the node and sending the keys to the
+// focused element types the same keys without touching the attributes.
+func typeInto[S chromedp.Selectable](sel S, text string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(chromedp.Focus(sel, chromedp.NodeVisible), chromedp.KeyEvent(text))
 }

@@ -147,8 +147,8 @@ func (p newcomerPage) newTask(projectPath, title, command string) string {
 	p.t.Helper()
 	p.open(projectPath+"/tasks", `#new-task`)
 	p.do("new task "+title,
-		chromedp.SendKeys(chromedp.CSS(`#new-task-title`), title),
-		chromedp.SendKeys(chromedp.CSS(`#new-task-command`), command),
+		typeInto(chromedp.CSS(`#new-task-title`), title),
+		typeInto(chromedp.CSS(`#new-task-command`), command),
 		chromedp.Click(chromedp.CSS(`#new-task button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#plan`)),
 	)
@@ -295,14 +295,14 @@ func TestBrowserNewcomerRoughEdges(t *testing.T) {
 	}
 	p.open(company, `#new-project`)
 	p.do("shared project",
-		chromedp.SendKeys(chromedp.CSS(`#project-name`), "In place"),
-		chromedp.SendKeys(chromedp.CSS(`#project-key`), "OWN"),
+		typeInto(chromedp.CSS(`#project-name`), "In place"),
+		typeInto(chromedp.CSS(`#project-key`), "OWN"),
 		chromedp.SetValue(chromedp.CSS(`#policy-mode`), "shared"),
 		chromedp.Click(chromedp.CSS(`#new-project button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#new-workspace`)),
-		chromedp.SendKeys(chromedp.CSS(`#ws-name`), "mine"),
+		typeInto(chromedp.CSS(`#ws-name`), "mine"),
 		chromedp.SetValue(chromedp.CSS(`#ws-type`), "git"),
-		chromedp.SendKeys(chromedp.CSS(`#ws-source`), own),
+		typeInto(chromedp.CSS(`#ws-source`), own),
 		chromedp.Click(chromedp.CSS(`#new-workspace button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`a[href^="/project-workspaces/"]`)),
 	)
@@ -342,10 +342,10 @@ func TestBrowserNewcomerRoughEdges(t *testing.T) {
 	p.open(demo, `#new-workspace`)
 	p.eval(`document.querySelectorAll('details').forEach(d => d.open = true), true`)
 	p.do("local source as a board member",
-		chromedp.SendKeys(chromedp.CSS(`#ws-name`), "local"),
+		typeInto(chromedp.CSS(`#ws-name`), "local"),
 		chromedp.SetValue(chromedp.CSS(`#ws-type`), "git"),
-		chromedp.SendKeys(chromedp.CSS(`#ws-source`), "file://"+gitRepo(t)),
-		chromedp.SendKeys(chromedp.CSS(`#ws-ref`), "main"),
+		typeInto(chromedp.CSS(`#ws-source`), "file://"+gitRepo(t)),
+		typeInto(chromedp.CSS(`#ws-ref`), "main"),
 		chromedp.Click(chromedp.CSS(`#new-workspace button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#new-workspace .field-error`)),
 	)

@@ -75,8 +75,8 @@ func TestBrowserAttemptsAndReceiptVerify(t *testing.T) {
 	browserStep(t, ctx, "new task",
 		chromedp.Navigate(base+project+"/tasks"),
 		chromedp.WaitVisible(chromedp.CSS(`#new-task`)),
-		chromedp.SendKeys(chromedp.CSS(`#new-task-title`), "Three ways"),
-		chromedp.SendKeys(chromedp.CSS(`#new-task-command`), `echo "$BERTH_RUN_ID" > "out-$BERTH_RUN_ID.txt"`),
+		typeInto(chromedp.CSS(`#new-task-title`), "Three ways"),
+		typeInto(chromedp.CSS(`#new-task-command`), `echo "$BERTH_RUN_ID" > "out-$BERTH_RUN_ID.txt"`),
 		chromedp.Click(chromedp.CSS(`#new-task button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#plan`)),
 	)
