@@ -36,12 +36,13 @@ generate: ## Regenerate templ output (commit the result)
 proto: ## Regenerate the driver protocol's Go code from environment/driverpb/driver.proto (needs protoc)
 	./scripts/gen-proto.sh
 
-verify: assets ## Check go.mod is tidy, generated code is fresh, gofmt is clean and go vet passes
+verify: assets ## Check go.mod is tidy, generated code is fresh, gofmt is clean, go vet passes and the house rules hold (cmd/berth-rules)
 	@go mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result"; exit 1; }
 	go tool templ generate -path views
 	@git diff --exit-code -- views || { echo "generated templ code was stale: commit the regenerated files"; exit 1; }
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	go vet ./...
+	go run ./cmd/berth-rules .
 
 lint: verify ## verify plus staticcheck
 	go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...

@@ -289,3 +289,11 @@ func UnrecordedRefs(ctx context.Context, q Querier, refs []string) ([]string, er
 	}
 	return out, nil
 }
+
+// BranchOpen reports whether an open execution workspace of the company has branch checked out.
+func BranchOpen(ctx context.Context, q Querier, companyID, branch string) (bool, error) {
+	var open bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM execution_workspaces WHERE company_id = $1 AND branch = $2
+		AND status NOT IN ('closed', 'failed'))`, companyID, branch).Scan(&open)
+	return open, err
+}

@@ -56,6 +56,15 @@ type NewImageVersion struct {
 	CreatedBy        string // optional user id
 }
 
+// NextImageVersionNumber is the number the environment's next image version gets (1 for the
+// first). Callers hold the environment's row lock (LockEnvironment) so no other version takes it.
+func NextImageVersionNumber(ctx context.Context, q Querier, environmentID string) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT coalesce(max(number), 0) + 1 FROM image_versions WHERE environment_id = $1`,
+		environmentID).Scan(&n)
+	return n, err
+}
+
 // CreateImageVersion records the environment's next version. Callers hold the environment's row
 // lock (LockEnvironment, or the transaction that inserted it), so numbers are handed out one at a
 // time; a number taken meanwhile or a second active version is ErrConflict, and the transaction

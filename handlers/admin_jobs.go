@@ -15,7 +15,7 @@ import (
 const adminJobsPrefix = "/admin/jobs"
 
 // newJobsUI builds the River UI over the server's River client and starts its background
-// services until ctx ends. The UI has no authentication of its own: adminRoutes puts it behind
+// services until ctx ends. The UI has no authentication of its own: routes.go mounts it behind
 // an instance-admin session.
 func (s *Server) newJobsUI(ctx context.Context) (http.Handler, error) {
 	h, err := riverui.NewHandler(&riverui.HandlerOpts{
@@ -32,22 +32,18 @@ func (s *Server) newJobsUI(ctx context.Context) (http.Handler, error) {
 	return h, nil
 }
 
-// adminRoutes mounts instance-admin tools: the River UI at /admin/jobs. Anyone else gets the same
-// 404 as for a page that does not exist; without a session, a browser goes to /login.
-func (s *Server) adminRoutes(mux *http.ServeMux, ui http.Handler) {
-	if ui == nil {
-		return
-	}
+// adminJobs guards the River UI: an instance admin's session reaches it, anyone else gets the
+// same 404 as for a page that does not exist; without a session, a browser goes to /login.
+// routes.go mounts it at adminJobsPrefix.
+func (s *Server) adminJobs(ui http.Handler) http.Handler {
 	ui = s.withBackLink(ui)
-	guard := s.page(func(w http.ResponseWriter, r *http.Request, p *principal) error {
+	return s.page(func(w http.ResponseWriter, r *http.Request, p *principal) error {
 		if !p.User.IsInstanceAdmin {
 			return errNotFound
 		}
 		ui.ServeHTTP(w, r)
 		return nil
 	})
-	mux.Handle(adminJobsPrefix, guard)
-	mux.Handle(adminJobsPrefix+"/", guard)
 }
 
 // unmanagedPage is GET /admin/workspaces (instance admins): the orphan sweep's latest report of

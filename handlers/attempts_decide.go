@@ -142,7 +142,7 @@ func (s *Server) decideAttempts(ctx context.Context, r *http.Request, a access, 
 		d := db.Decision{Status: db.AttemptGroupDiscarded}
 		if pick != nil {
 			d = db.Decision{Status: db.AttemptGroupSelected, SelectedWorkspaceID: pick.WorkspaceID, SelectedN: pick.N}
-			if open, err := taskBranchOpen(ctx, tx, a.Company.ID, g.TaskBranch); err != nil {
+			if open, err := db.BranchOpen(ctx, tx, a.Company.ID, g.TaskBranch); err != nil {
 				return err
 			} else if open {
 				return errTaskBranchCheckedOut
@@ -171,14 +171,6 @@ func (s *Server) decideAttempts(ctx context.Context, r *http.Request, a access, 
 		return s.auditTx(ctx, tx, r, a, action, "task", taskID, details)
 	})
 	return g, err
-}
-
-// taskBranchOpen reports whether an open execution workspace of the company has branch checked out.
-func taskBranchOpen(ctx context.Context, q db.Querier, companyID, branch string) (bool, error) {
-	var open bool
-	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM execution_workspaces WHERE company_id = $1 AND branch = $2
-		AND status NOT IN ('closed', 'failed'))`, companyID, branch).Scan(&open)
-	return open, err
 }
 
 // moveAttemptRefs does the git side of a decision in the source repository of the group.

@@ -72,7 +72,7 @@ func (s *Server) requestImageImport(ctx context.Context, r *http.Request, a acce
 		}
 		args := jobs.ImportImageArgs{CompanyID: env.CompanyID, EnvironmentID: env.ID, Source: strings.TrimSpace(in.Source),
 			Activate: in.Activate, UserID: a.P.User.ID, ActorLabel: a.P.User.Email}
-		if _, err := s.jobs.InsertTx(ctx, tx, args, nil); err != nil {
+		if _, err := jobs.Enqueue(ctx, s.jobs, tx, args); err != nil {
 			return err
 		}
 		return s.auditTx(ctx, tx, r, a, "image_version.import_requested", "environment", env.ID,

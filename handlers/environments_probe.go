@@ -34,7 +34,7 @@ func (s *Server) probeEnvironment(ctx context.Context, r *http.Request, a access
 		if env, err = db.LockEnvironment(ctx, tx, a.Company.ID, id); err != nil {
 			return err
 		}
-		if _, err := s.jobs.InsertTx(ctx, tx, jobs.ProbeEnvironmentArgs{CompanyID: env.CompanyID, EnvironmentID: env.ID}, nil); err != nil {
+		if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.ProbeEnvironmentArgs{CompanyID: env.CompanyID, EnvironmentID: env.ID}); err != nil {
 			return err
 		}
 		return s.auditTx(ctx, tx, r, a, "environment.probe_requested", "environment", env.ID,

@@ -143,13 +143,7 @@ var errNodeSign = errors.New("sign node request")
 // InternalHandler is the internal listener's handler: signed forwarded previews, terminals,
 // workspace git facts and file-resource reads, nothing else.
 func (s *Server) InternalHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/internal/preview/{id}/", http.HandlerFunc(s.internalPreview))
-	mux.Handle("GET /internal/image-setup-sessions/{id}/terminal", s.handle(s.terminalSocket))
-	mux.Handle("GET /internal/workspaces/{id}/git", http.HandlerFunc(s.internalWorkspaceGit)) // internal_workspace.go
-	files := newFileRateLimiter(s.fileBurst)                                                  // file_resources_forward.go
-	mux.Handle("GET /internal/tasks/{id}/file-resources/list", s.internalFiles(s.fileListAPI(files)))
-	mux.Handle("GET /internal/tasks/{id}/file-resources/content", s.internalFiles(s.fileContentAPI(files)))
+	mux := s.internalRoutes() // routes.go
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var key []byte
 		if s.nodes != nil {
@@ -162,12 +156,6 @@ func (s *Server) InternalHandler() http.Handler {
 		}
 		r.Header.Del(nodeAuthHeader)
 		r.Header.Del(nodeBodyHeader)
-		if !strings.HasPrefix(r.URL.Path, "/internal/preview/") &&
-			!strings.HasPrefix(r.URL.Path, "/internal/image-setup-sessions/") && !strings.HasPrefix(r.URL.Path, "/internal/workspaces/") &&
-			!strings.HasPrefix(r.URL.Path, "/internal/tasks/") {
-			writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]string{"code": "not_found", "message": "Not found."}})
-			return
-		}
 		mux.ServeHTTP(w, r)
 	})
 }

@@ -171,7 +171,12 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 	mux.Handle("POST /api/tasks/{id}/file-resources/edit", s.runAPI(s.fileEditAPI(files)))
 	mux.Handle("GET /tasks/{id}/files", s.page(s.filesPage(files)))
 
-	s.adminRoutes(mux, jobsUI)
+	// The River UI (instance admins; anyone else the 404 of a page that does not exist; admin_jobs.go).
+	if jobsUI != nil {
+		guard := s.adminJobs(jobsUI)
+		mux.Handle(adminJobsPrefix, guard)
+		mux.Handle(adminJobsPrefix+"/", guard)
+	}
 	mux.Handle("GET /admin/workspaces", s.page(s.unmanagedPage))
 	// Nodes (instance admins; anyone else 404; nodes.go).
 	mux.Handle("GET /api/nodes", s.api(s.nodesAPI))
@@ -251,5 +256,22 @@ func (s *Server) routes(jobsUI http.Handler) http.Handler {
 
 	mux.Handle("/api/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))
 	mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error { return errNotFound }))
+	return mux
+}
+
+// internalRoutes is the internal listener's route table: signed forwarded previews, terminals,
+// workspace git facts and file-resource reads, nothing else (internal.go checks the signature
+// before any of them runs).
+func (s *Server) internalRoutes() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/internal/preview/{id}/", http.HandlerFunc(s.internalPreview))
+	mux.Handle("GET /internal/image-setup-sessions/{id}/terminal", s.handle(s.terminalSocket))
+	mux.Handle("GET /internal/workspaces/{id}/git", http.HandlerFunc(s.internalWorkspaceGit)) // internal_workspace.go
+	files := newFileRateLimiter(s.fileBurst)                                                  // file_resources_forward.go
+	mux.Handle("GET /internal/tasks/{id}/file-resources/list", s.internalFiles(s.fileListAPI(files)))
+	mux.Handle("GET /internal/tasks/{id}/file-resources/content", s.internalFiles(s.fileContentAPI(files)))
+	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]string{"code": "not_found", "message": "Not found."}})
+	}))
 	return mux
 }

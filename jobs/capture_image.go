@@ -104,8 +104,8 @@ func (w *CaptureImageWorker) capture(ctx context.Context, a CaptureImageArgs) er
 		if _, err := db.LockEnvironment(ctx, tx, sess.CompanyID, sess.EnvironmentID); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, `SELECT coalesce(max(number), 0) + 1 FROM image_versions WHERE environment_id = $1`,
-			sess.EnvironmentID).Scan(&number); err != nil {
+		var err error
+		if number, err = db.NextImageVersionNumber(ctx, tx, sess.EnvironmentID); err != nil {
 			return fmt.Errorf("capture image: next number: %w", err)
 		}
 		layer = ImageLayerDir(w.deps.DataDir, sess.EnvironmentID, number)
