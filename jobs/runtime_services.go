@@ -119,11 +119,15 @@ func NewServices(d Deps) *Services {
 func (m *Services) Close() { m.end() }
 
 // supervisorID names this process on the rows it owns.
-func (m *Services) supervisorID() string {
-	if m.deps.Executing != nil {
-		return m.deps.Executing.ClientID()
+func (m *Services) supervisorID() string { return m.deps.supervisorID() }
+
+// supervisorID is who supervises the services this process starts: its River client id, or the
+// node id without one. The sweep leaves rows of this very supervisor to its watchers.
+func (d Deps) supervisorID() string {
+	if d.Executing != nil {
+		return d.Executing.ClientID()
 	}
-	return m.deps.NodeID
+	return d.NodeID
 }
 
 func (m *Services) locked(id string) func() {

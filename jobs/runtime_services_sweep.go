@@ -30,7 +30,7 @@ func (s sweeper) sweepServices(ctx context.Context, startup bool) error {
 	if err != nil {
 		return err
 	}
-	self := s.deps.Executing.ClientID()
+	self := s.deps.supervisorID() // the id this process's Services writes on the rows it starts
 	var errs []error
 	live := map[string]bool{}
 	for _, svc := range rows {

@@ -31,6 +31,13 @@ type serviceWorld struct {
 
 func newServiceWorld(t *testing.T) serviceWorld {
 	t.Helper()
+	return newServiceWorldDef(t, db.ServiceDefinition{Name: "web", Command: `exec /usr/bin/python3 -m http.server "$PORT" --bind 127.0.0.1`,
+		PortEnv: "PORT", HealthPath: "/", ReadyTimeoutS: 15, StopPolicy: "on_run_finish", Lifecycle: "ephemeral"})
+}
+
+// newServiceWorldDef is a service world whose one service is def.
+func newServiceWorldDef(t *testing.T, def db.ServiceDefinition) serviceWorld {
+	t.Helper()
 	ctx := context.Background()
 	h, err := jail.Detect(ctx)
 	if err != nil {
@@ -62,8 +69,6 @@ func newServiceWorld(t *testing.T) serviceWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	def := db.ServiceDefinition{Name: "web", Command: `exec /usr/bin/python3 -m http.server "$PORT" --bind 127.0.0.1`,
-		PortEnv: "PORT", HealthPath: "/", ReadyTimeoutS: 15, StopPolicy: "on_run_finish", Lifecycle: "ephemeral"}
 	pw, err := db.CreateProjectWorkspace(ctx, pool, c.ID, p.ID, db.ProjectWorkspaceFields{Name: "main", SourceType: "directory",
 		Source: src, Services: []db.ServiceDefinition{def}})
 	if err != nil {
@@ -254,5 +259,55 @@ func TestServicesAfterRestart(t *testing.T) {
 	}
 	if n := servers(t, r.ID); n != 0 {
 		t.Fatalf("%d servers after stop", n)
+	}
+}
+
+// TestSweepLeavesItsOwnServices: the sweep leaves the services this very process supervises to
+// their watchers, also when the process has no River client id (its rows then carry the node
+// id), even if "/" does not answer as the sweep's liveness check wants; a service of another
+// supervisor in the same state is settled (the negative control). The sweep once read its own
+// id as "" there and SIGTERMed a service half a second into its life (TestRuntimeServicesAPI).
+func TestSweepLeavesItsOwnServices(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// Healthy on /ok (its health path), 503 on / (what the sweep checks of a service it adopts).
+	def := db.ServiceDefinition{Name: "web", Command: `exec /usr/bin/python3 -c '
+import http.server, os
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/ok" else 503)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()'`,
+		PortEnv: "PORT", HealthPath: "/ok", ReadyTimeoutS: 15, StopPolicy: "manual", Lifecycle: "ephemeral"}
+	w := newServiceWorldDef(t, def)
+	w.deps.Executing = nil // no client id: the rows carry the node id
+	m := NewServices(w.deps)
+	defer m.Close()
+	if err := m.Start(ctx, w.svc.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	before := w.row()
+	if before.Status != db.ServiceRunning || before.SupervisorID != w.deps.NodeID {
+		t.Fatalf("after start: %+v", before)
+	}
+	ins, err := NewClient(w.deps, ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := sweeper{deps: w.deps, log: discardLog(), ins: ins}
+	if err := own.sweepServices(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if r := w.row(); r.Status != db.ServiceRunning || r.Generation != before.Generation || r.PID != before.PID {
+		t.Fatalf("the sweep settled its own process's service: %+v", r)
+	}
+
+	other := w.deps
+	other.Executing = NewExecuting(w.deps.NodeID) // another process of the node
+	if err := (sweeper{deps: other, log: discardLog(), ins: ins}).sweepServices(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if r := w.row(); r.Status != db.ServiceStopped || r.StopReason != stopSupervisorGone {
+		t.Fatalf("another supervisor's sweep left an unanswering service: %+v", r)
 	}
 }
