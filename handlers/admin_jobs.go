@@ -3,7 +3,11 @@ package handlers
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 
 	"riverqueue.com/riverui"
 
@@ -14,13 +18,13 @@ import (
 // adminJobsPrefix is where the River UI is mounted.
 const adminJobsPrefix = "/admin/jobs"
 
-// newJobsUI builds the River UI over the server's River client and starts its background
-// services until ctx ends. The UI has no authentication of its own: routes.go mounts it behind
-// an instance-admin session.
-func (s *Server) newJobsUI(ctx context.Context) (http.Handler, error) {
+// NewJobsUI builds the River UI over client, for Deps.JobsUI, and runs its background services
+// until ctx ends (cmd/berth passes the serve context, so they stop with the process). The UI has
+// no authentication of its own: routes.go mounts it behind an instance-admin session.
+func NewJobsUI(ctx context.Context, client *river.Client[pgx.Tx], log *slog.Logger) (http.Handler, error) {
 	h, err := riverui.NewHandler(&riverui.HandlerOpts{
-		Endpoints: riverui.NewEndpoints(s.jobs, nil),
-		Logger:    s.log.With("component", "riverui"),
+		Endpoints: riverui.NewEndpoints(client, nil),
+		Logger:    log.With("component", "riverui"),
 		Prefix:    adminJobsPrefix,
 	})
 	if err != nil {

@@ -21,6 +21,9 @@ func TestAdminJobsUI(t *testing.T) {
 			t.Fatal(err)
 		}
 		d.Jobs = client
+		if d.JobsUI, err = NewJobsUI(t.Context(), client, d.Log); err != nil {
+			t.Fatal(err)
+		}
 	})
 	r := e.roles()
 	admin, board := e.browser(r.Admin), e.browser(r.Board)

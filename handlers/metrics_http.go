@@ -2,7 +2,6 @@ package handlers
 
 import (
 	"net/http"
-	"strconv"
 	"time"
 )
 
@@ -37,8 +36,7 @@ func (s *Server) instrument(routes, next http.Handler) http.Handler {
 				code = http.StatusSwitchingProtocols // hijacked
 			}
 		}
-		s.metrics.requests.WithLabelValues(route, metricMethod(r.Method), strconv.Itoa(code)).
-			Observe(time.Since(start).Seconds())
+		s.metrics.ObserveRequest(route, metricMethod(r.Method), code, time.Since(start))
 	})
 }
 

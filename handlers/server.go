@@ -1,7 +1,10 @@
 // Package handlers is Berth's HTTP surface: the server-rendered pages (templ + htmx) and the JSON
 // API under /api. routes.go is the whole route table; handlers return errors and one adapter
 // turns them into responses, so every refusal looks the same. Handlers read and write through
-// db and enqueue jobs in the same transaction; they start no long-running work of their own.
+// db and enqueue jobs (jobs.Enqueue) in the same transaction. What outlives a request is started
+// by cmd/berth under its context and handed in through Deps (the River UI, the event hub's
+// listener, the runtime-service supervisor, the terminal registry); the server itself runs only
+// the preview origins' listeners (handlers/preview), which Close stops.
 // They reach the filesystem and processes only through package workspace, never directly:
 // checking a project workspace's source (workspace.ValidateSource may run git), reading a task's
 // files (workspace.Files, confined to its roots), and reading an execution workspace's git
@@ -26,6 +29,7 @@ import (
 
 	"berth/db"
 	bmcp "berth/handlers/mcp"
+	"berth/handlers/metrics"
 	"berth/handlers/preview"
 	"berth/workspace"
 )
@@ -40,6 +44,9 @@ type Assets interface {
 type Deps struct {
 	Pool    *pgxpool.Pool
 	Jobs    *river.Client[pgx.Tx] // insert-only or working; used to enqueue inside transactions
+	// JobsUI is the River UI (NewJobsUI), mounted at /admin/jobs for instance admins; nil leaves
+	// /admin/jobs a 404.
+	JobsUI http.Handler
 	Assets  Assets
 	Log     *slog.Logger
 	BaseURL *url.URL   // the URL people use to reach Berth; https turns on Secure cookies
@@ -65,8 +72,8 @@ type Deps struct {
 	TrustedProxies []netip.Prefix
 	// ImageSetup runs image setup sessions' shells on this node; nil refuses setup sessions.
 	ImageSetup *ImageSetup
-	// Metrics is the registry GET /metrics exposes (NewMetrics); nil makes one.
-	Metrics *Metrics
+	// Metrics is the registry GET /metrics exposes (metrics.New); nil makes one.
+	Metrics *metrics.Registry
 	// MetricsToken, when set, is a bearer token that may read GET /metrics (BERTH_METRICS_TOKEN).
 	MetricsToken string
 	// Events fans this node's LISTEN berth_events out to GET /events streams (events.go); nil
@@ -119,7 +126,6 @@ type Server struct {
 	sessions    *scs.SessionManager
 	cop         *http.CrossOriginProtection
 	handler     http.Handler
-	stopUI      context.CancelFunc
 	imageSetup  *ImageSetup
 	envChanged  func(environmentID string)
 	prober      *db.Prober     // /api/health's own connection (dbavail.go)
@@ -133,7 +139,7 @@ type Server struct {
 	eventsHeartbeat time.Duration
 
 	// GET /metrics (metrics.go).
-	metrics      *Metrics
+	metrics      *metrics.Registry
 	metricsToken []byte // sha256 of BERTH_METRICS_TOKEN; nil when unset
 }
 
@@ -193,21 +199,10 @@ func New(d Deps) (*Server, error) {
 		return nil, fmt.Errorf("handlers: trusted origin: %w", err)
 	}
 
-	var jobsUI http.Handler
-	if d.Jobs != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		s.stopUI = cancel
-		ui, err := s.newJobsUI(ctx)
-		if err != nil {
-			cancel()
-			return nil, err
-		}
-		jobsUI = ui
-	}
 	if err := s.initPreview(d); err != nil {
 		return nil, err
 	}
-	s.handler = s.middleware(s.routes(jobsUI))
+	s.handler = s.middleware(s.routes(d.JobsUI))
 	return s, nil
 }
 
@@ -221,11 +216,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handler.ServeHTTP(w, r)
 }
 
-// Close stops the River UI's background services.
+// Close stops the preview origins' listeners and the health check's own connection.
 func (s *Server) Close() {
-	if s.stopUI != nil {
-		s.stopUI()
-	}
 	if s.prober != nil {
 		s.prober.Close()
 	}

@@ -14,10 +14,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+
 	"berth/db"
+	"berth/environment"
 	"berth/environment/jail"
 	"berth/environment/netns"
 	"berth/handlers"
+	"berth/handlers/metrics"
 	"berth/handlers/preview"
 	"berth/jobs"
 	"berth/static"
@@ -25,9 +30,48 @@ import (
 	"berth/workspace"
 )
 
-// serve runs the web server (web=true) or a worker node (web=false) until ctx ends, then shuts
-// down in reverse order: HTTP, jobs, database.
+// serve runs the web server (web=true) or a worker node (web=false) until ctx ends, in named
+// steps: read the configuration, open the node's parts (database, key, jail, workspaces,
+// plugins, egress, networks), start its work (node registration, River, recovery), then serve
+// (the web listener, or only the worker's internal one). Every part started is stopped in
+// reverse order on the way out: HTTP, jobs, database.
 func serve(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, web bool) error {
+	c, nf, err := serveConfig(args, getenv, stderr, web)
+	if err != nil {
+		return err
+	}
+	// A warning or error repeats at most once per window (a database outage floods them).
+	log := rateLimitLogs(c.newLogger(stderr, c.LogLevel), logRepeatWindow)
+	started := time.Now()
+	var stops stack
+	defer stops.run()
+
+	n, err := openParts(ctx, c, getenv, log, &stops)
+	if err != nil {
+		return err
+	}
+	if err := n.startWork(ctx, nf, getenv, web, &stops); err != nil {
+		return err
+	}
+	if !web {
+		return n.runWorker(ctx, started)
+	}
+	return n.runWeb(ctx, getenv, stdout, started, &stops)
+}
+
+// stack is what a serve step started, stopped last-first.
+type stack []func()
+
+func (s *stack) push(stop func()) { *s = append(*s, stop) }
+
+func (s *stack) run() {
+	for i := len(*s) - 1; i >= 0; i-- {
+		(*s)[i]()
+	}
+}
+
+// serveConfig reads serve's or worker's flags and environment.
+func serveConfig(args []string, getenv func(string) string, stderr io.Writer, web bool) (*config, *nodeFlags, error) {
 	name := "serve"
 	if !web {
 		name = "worker"
@@ -36,7 +80,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	c := baseConfig(fs, getenv)
 	workersDefault, err := envBool(getenv, "BERTH_WORKERS", true)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	fs.BoolVar(&c.Workers, "workers", workersDefault, "run job workers in this process (BERTH_WORKERS)")
 	fs.IntVar(&c.MaxWorkers, "max-workers", 20, "concurrent jobs on this node")
@@ -50,152 +94,214 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	nf := addNodeFlags(fs, getenv) // --internal-addr, --internal-url (nodes.go)
 	if err := parseFlags(fs, args, stderr); err != nil {
-		return err
+		return nil, nil, err
 	}
 	if err := c.finish(getenv, getenv("BERTH_BASE_URL")); err != nil {
-		return err
+		return nil, nil, err
 	}
 	if !web {
 		c.Workers = true
 	}
-	// A warning or error repeats at most once per window (a database outage floods them).
-	log := rateLimitLogs(c.newLogger(stderr, c.LogLevel), logRepeatWindow)
-	started := time.Now()
+	return c, nf, nil
+}
 
-	d, err := openDatabase(ctx, c, log, true)
-	if err != nil {
-		return err
-	}
-	defer d.close()
+// parts are what one serve or worker process is made of, for the steps after openParts.
+type parts struct {
+	c         *config
+	log       *slog.Logger
+	db        *database
+	key       []byte
+	sealer    *db.Sealer
+	host      jobs.Deps // the jail and what it masks (jailDeps)
+	plugins   *environment.PluginHost
+	executing *jobs.Executing
+	metrics   *metrics.Registry
+	egress    *jobs.Egress
+	deps      jobs.Deps // what the workers get
+	client    *river.Client[pgx.Tx]
+	node      *nodeProc
+	// local and dialService reach this node's runtime services (nil without workers).
+	local       handlers.LocalServices
+	dialService func(context.Context, string, int) (net.Conn, error)
+}
 
-	key, err := db.LoadSecretKey(getenv("BERTH_SECRET_KEY"), c.DataDir)
-	if err != nil {
-		return err
+// openParts opens the database and builds what the node's work needs: the secret key and its
+// sealer, the jail, the workspace manager and artifact store, the plugin host, the run registry,
+// the metrics registry, the egress proxy and the jails' network namespaces.
+func openParts(ctx context.Context, c *config, getenv func(string) string, log *slog.Logger, stops *stack) (*parts, error) {
+	n := &parts{c: c, log: log}
+	var err error
+	if n.db, err = openDatabase(ctx, c, log, true); err != nil {
+		return nil, err
 	}
-	sealer, err := db.NewSealer(key)
-	if err != nil {
-		return err
+	stops.push(n.db.close)
+	if n.key, err = db.LoadSecretKey(getenv("BERTH_SECRET_KEY"), c.DataDir); err != nil {
+		return nil, err
 	}
-	deps0, err := jailDeps(ctx, log, c.DataDir)
-	if err != nil {
-		return err
+	if n.sealer, err = db.NewSealer(n.key); err != nil {
+		return nil, err
 	}
-	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{CopyMaxBytes: c.CopyMaxBytes, CopyMaxFiles: c.CopyMaxFiles, Jail: deps0.Jail})
+	if n.host, err = jailDeps(ctx, log, c.DataDir); err != nil {
+		return nil, err
+	}
+	mgr, err := workspace.NewManager(c.DataDir, workspace.Options{CopyMaxBytes: c.CopyMaxBytes, CopyMaxFiles: c.CopyMaxFiles, Jail: n.host.Jail})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	artifacts, err := workspace.NewArtifacts(c.DataDir)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	nodeName, err := nodeID(getenv)
+	if err != nil {
+		return nil, err
+	}
+	if n.plugins, err = pluginHost(ctx, getenv, c.DataDir, log); err != nil {
+		return nil, err
+	}
+	stops.push(func() { _ = n.plugins.Close() })
+	n.executing = jobs.NewExecuting(nodeName)
+	stops.push(n.executing.Close)
+	n.metrics = metrics.New() // this process's /metrics registry; the workers observe run admission
+	// The egress proxy every jail with a network reaches (jobs/egress.go, docs/network.md).
+	if n.egress, err = jobs.NewEgress(n.db.Pool, n.sealer, c.DataDir, log); err != nil {
+		return nil, err
+	}
+	n.egress.Denied = n.metrics.EgressDeniedInc
+	// Every workspace's jails get a network namespace of their own when Berth is root
+	// (environment/netns): Berth's API bridged to its loopback and the egress proxy, nothing of
+	// the host's.
+	networks, err := jailNetworks(n.host.Jail, c.BaseURL, n.egress.Proxy)
+	if err != nil {
+		return nil, err
+	}
+	if networks != nil {
+		stops.push(networks.Close)
 	}
 	apiURL := ""
 	if c.BaseURL != nil {
 		apiURL = c.BaseURL.String()
 	}
-	node, err := nodeID(getenv)
-	if err != nil {
-		return err
+	n.deps = jobs.Deps{
+		Pool:       n.db.Pool,
+		Log:        log,
+		Workspaces: mgr,
+		Artifacts:  artifacts,
+		APIURL:     apiURL,
+		NodeID:     nodeName,
+		Networks:   networks,
+		Egress:     n.egress,
+		Secrets:    n.sealer,
+		HomeDir:    filepath.Join(c.DataDir, "homes"),
+		Executing:  n.executing,
+		Jail:       n.host.Jail,
+		DataDir:    n.host.DataDir,
+		Masks:      n.host.Masks,
+		Admission:  n.metrics.RunAdmission,
+		Plugins:    n.plugins,
 	}
-	plugins, err := pluginHost(ctx, getenv, c.DataDir, log)
-	if err != nil {
-		return err
-	}
-	defer plugins.Close()
-	executing := jobs.NewExecuting(node)
-	defer executing.Close()
-	metrics := handlers.NewMetrics() // this process's /metrics registry; the workers observe run admission
-	// The egress proxy every jail with a network reaches (jobs/egress.go, docs/network.md).
-	egressState, err := jobs.NewEgress(d.Pool, sealer, c.DataDir, log)
-	if err != nil {
-		return err
-	}
-	egressState.Denied = metrics.EgressDeniedInc
-	// Every workspace's jails get a network namespace of their own when Berth is root
-	// (environment/netns): Berth's API bridged to its loopback and the egress proxy, nothing of
-	// the host's.
-	networks, err := jailNetworks(deps0.Jail, c.BaseURL, egressState.Proxy)
-	if err != nil {
-		return err
-	}
-	if networks != nil {
-		defer networks.Close()
-	}
-	deps := jobs.Deps{Pool: d.Pool, Log: log, Workspaces: mgr, Artifacts: artifacts, APIURL: apiURL, NodeID: node, Networks: networks,
-		Egress:  egressState,
-		Secrets: sealer, HomeDir: filepath.Join(c.DataDir, "homes"), Executing: executing,
-		Jail: deps0.Jail, DataDir: deps0.DataDir, Masks: deps0.Masks, Admission: metrics.RunAdmission, Plugins: plugins}
-	var local handlers.LocalServices // the preview proxy trusts this node's supervisor (handlers/preview/cache.go)
-	var dialService func(context.Context, string, int) (net.Conn, error)
-	if c.Workers {
-		deps.Services = jobs.NewServices(deps)
-		defer deps.Services.Close()
-		local, dialService = deps.Services, deps.Services.DialService
-	}
-	client, err := jobs.NewClient(deps, jobs.ClientOptions{Work: c.Workers, MaxWorkers: c.MaxWorkers})
-	if err != nil {
-		return err
-	}
-	// The node registers (and opens its internal listener) before its client fetches (nodes.go).
-	node0, err := startNode(ctx, nf, getenv, nodeStart{Log: log, Deps: deps, Client: client, Kind: name, Works: c.Workers, Secret: key})
-	if err != nil {
-		return err
-	}
-	defer node0.stop()
-	if c.Workers {
-		// The node claim comes before the first fetch, the startup sweep after the start: a
-		// restarted node recovers its dead predecessor's runs at once (jobs/sweep.go).
-		claimCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := executing.Claim(claimCtx, d.Pool)
-		cancel()
-		if err != nil {
-			return err
-		}
-		if err := client.Start(ctx); err != nil {
-			return fmt.Errorf("start jobs: %w", err)
-		}
-		defer func() {
-			stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := client.Stop(stopCtx); err != nil {
-				log.Warn("jobs did not stop cleanly", "err", err)
-			}
-		}()
-		// Outcomes a stopped predecessor spooled are written (until done); the sweep leaves
-		// their runs alone meanwhile (jobs/spool.go).
-		go func() {
-			if err := jobs.ReplaySpool(ctx, deps); err != nil && ctx.Err() == nil {
-				log.Warn("run spool replay", "err", err)
-			}
-		}()
-		sweepCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		err = jobs.SweepOrphans(sweepCtx, deps)
-		cancel()
-		if err != nil {
-			log.Warn("startup orphan sweep", "err", err)
-		}
-	}
+	return n, nil
+}
 
+// startWork starts the runtime-service supervisor (with workers), builds the River client,
+// registers the node (its internal listener opens before the client fetches, nodes.go), and,
+// with workers, claims the node, starts River and recovers: the spool a stopped predecessor left
+// and the startup orphan sweep.
+func (n *parts) startWork(ctx context.Context, nf *nodeFlags, getenv func(string) string, web bool, stops *stack) error {
+	if n.c.Workers {
+		n.deps.Services = jobs.NewServices(n.deps)
+		stops.push(n.deps.Services.Close)
+		n.local, n.dialService = n.deps.Services, n.deps.Services.DialService
+	}
+	var err error
+	if n.client, err = jobs.NewClient(n.deps, jobs.ClientOptions{Work: n.c.Workers, MaxWorkers: n.c.MaxWorkers}); err != nil {
+		return err
+	}
+	kind := "serve"
 	if !web {
-		if err := node0.serveWorker(handlers.Deps{Pool: d.Pool, Jobs: client, Secrets: sealer, Workspaces: mgr, Log: log,
-			BaseURL: c.BaseURL, Version: version, Metrics: metrics, LocalServices: local, DialService: dialService}); err != nil {
-			return err
-		}
-		log.Info("worker running", "startup_ms", time.Since(started).Milliseconds())
-		<-ctx.Done()
-		log.Info("worker stopping")
+		kind = "worker"
+	}
+	n.node, err = startNode(ctx, nf, getenv, nodeStart{Log: n.log, Deps: n.deps, Client: n.client, Kind: kind, Works: n.c.Workers, Secret: n.key})
+	if err != nil {
+		return err
+	}
+	stops.push(n.node.stop)
+	if !n.c.Workers {
 		return nil
 	}
+	// The node claim comes before the first fetch, the startup sweep after the start: a
+	// restarted node recovers its dead predecessor's runs at once (jobs/sweep.go).
+	claimCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = n.executing.Claim(claimCtx, n.db.Pool)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if err := n.client.Start(ctx); err != nil {
+		return fmt.Errorf("start jobs: %w", err)
+	}
+	stops.push(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := n.client.Stop(stopCtx); err != nil {
+			n.log.Warn("jobs did not stop cleanly", "err", err)
+		}
+	})
+	// Outcomes a stopped predecessor spooled are written (until done); the sweep leaves their
+	// runs alone meanwhile (jobs/spool.go).
+	go func() {
+		if err := jobs.ReplaySpool(ctx, n.deps); err != nil && ctx.Err() == nil {
+			n.log.Warn("run spool replay", "err", err)
+		}
+	}()
+	sweepCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err = jobs.SweepOrphans(sweepCtx, n.deps)
+	cancel()
+	if err != nil {
+		n.log.Warn("startup orphan sweep", "err", err)
+	}
+	return nil
+}
 
+// runWorker serves a worker's internal listener (forwarded previews of the services it runs)
+// until ctx ends.
+func (n *parts) runWorker(ctx context.Context, started time.Time) error {
+	err := n.node.serveWorker(handlers.Deps{
+		Pool:          n.db.Pool,
+		Jobs:          n.client,
+		Secrets:       n.sealer,
+		Workspaces:    n.deps.Workspaces,
+		Log:           n.log,
+		BaseURL:       n.c.BaseURL,
+		Version:       version,
+		Metrics:       n.metrics,
+		LocalServices: n.local,
+		DialService:   n.dialService,
+	})
+	if err != nil {
+		return err
+	}
+	n.log.Info("worker running", "startup_ms", time.Since(started).Milliseconds())
+	<-ctx.Done()
+	n.log.Info("worker stopping")
+	return nil
+}
+
+// runWeb makes sure of the admin (and the demo), starts the live pages' listener and the River
+// UI under ctx, builds the web server, opens the listener, prints the banner and serves until
+// ctx ends; then shuts HTTP down within 15 s.
+func (n *parts) runWeb(ctx context.Context, getenv func(string) string, stdout io.Writer, started time.Time, stops *stack) error {
+	c := n.c
 	origins, err := readPreviewOrigins(getenv, c.Addr)
 	if err != nil {
 		return err
 	}
-	admin, err := ensureAdmin(ctx, d.Pool, c)
+	admin, err := ensureAdmin(ctx, n.db.Pool, c)
 	if err != nil {
 		return err
 	}
 	if c.Demo {
-		if err := seedDemo(ctx, d.Pool, c.DataDir); err != nil {
+		if err := seedDemo(ctx, n.db.Pool, c.DataDir); err != nil {
 			return err
 		}
 	}
@@ -205,17 +311,44 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 	}
 	// Live pages: one dedicated connection LISTENs for berth_events (docs/live.md).
 	events := handlers.NewEvents(0)
-	listener := &db.EventListener{Config: d.Pool.Config().ConnConfig, Log: log, OnEvent: events.Publish, OnListen: events.Listening}
+	listener := &db.EventListener{Config: n.db.Pool.Config().ConnConfig, Log: n.log, OnEvent: events.Publish, OnListen: events.Listening}
 	go func() { _ = listener.Run(ctx) }()
-	srv, err := handlers.New(handlers.Deps{Pool: d.Pool, Jobs: client, Assets: assets, Secrets: sealer, SourceRoots: sourceRoots(getenv), Workspaces: mgr, Artifacts: artifacts, Log: log, BaseURL: c.BaseURL, Version: version, TrustedProxies: c.TrustedProxies,
-		ImageSetup: &handlers.ImageSetup{DataDir: deps0.DataDir, Jail: deps0.Jail, Terminals: terminal.NewRegistry(terminal.Options{}), Plugins: plugins}, Metrics: metrics, MetricsToken: c.MetricsToken, LocalServices: local, Events: events,
-		Nodes: node0.handlerNodes(), DialService: dialService, OnEnvironmentChange: egressState.Invalidate, HostChecks: hostChecks(deps0, *c),
-		PreviewDomain: origins.Domain, PreviewPorts: origins.Ports, PreviewBind: origins.Bind, PreviewKey: handlers.PreviewKey(key)})
+	jobsUI, err := handlers.NewJobsUI(ctx, n.client, n.log) // its background services end with ctx
 	if err != nil {
 		return err
 	}
-	defer srv.Close()
-	node0.serveInternal(srv)
+	srv, err := handlers.New(handlers.Deps{
+		Pool:                n.db.Pool,
+		Jobs:                n.client,
+		JobsUI:              jobsUI,
+		Assets:              assets,
+		Secrets:             n.sealer,
+		SourceRoots:         sourceRoots(getenv),
+		Workspaces:          n.deps.Workspaces,
+		Artifacts:           n.deps.Artifacts,
+		Log:                 n.log,
+		BaseURL:             c.BaseURL,
+		Version:             version,
+		TrustedProxies:      c.TrustedProxies,
+		ImageSetup:          &handlers.ImageSetup{DataDir: n.host.DataDir, Jail: n.host.Jail, Terminals: terminal.NewRegistry(terminal.Options{}), Plugins: n.plugins},
+		Metrics:             n.metrics,
+		MetricsToken:        c.MetricsToken,
+		LocalServices:       n.local,
+		Events:              events,
+		Nodes:               n.node.handlerNodes(),
+		DialService:         n.dialService,
+		OnEnvironmentChange: n.egress.Invalidate,
+		HostChecks:          hostChecks(n.host, *c),
+		PreviewDomain:       origins.Domain,
+		PreviewPorts:        origins.Ports,
+		PreviewBind:         origins.Bind,
+		PreviewKey:          handlers.PreviewKey(n.key),
+	})
+	if err != nil {
+		return err
+	}
+	stops.push(srv.Close)
+	n.node.serveInternal(srv)
 
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
@@ -227,11 +360,33 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		ReadTimeout:       2 * time.Minute,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          nil,
 	}
 	hs.RegisterOnShutdown(srv.CloseMCP) // and the MCP sessions' streams
 	hs.RegisterOnShutdown(events.Close) // end the live pages' streams: Shutdown waits for handlers
-	log.Info("berth serving", "addr", ln.Addr().String(), "workers", c.Workers, "startup_ms", time.Since(started).Milliseconds())
+	n.log.Info("berth serving", "addr", ln.Addr().String(), "workers", c.Workers, "startup_ms", time.Since(started).Milliseconds())
+	printBanner(stdout, c, origins, admin)
+
+	// Serve only after the banner: whoever sees /api/health answer has seen the login too.
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
+		}
+	case <-ctx.Done():
+	}
+	n.log.Info("berth stopping")
+	shutCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(shutCtx); err != nil {
+		n.log.Warn("http shutdown", "err", err)
+	}
+	return nil
+}
+
+// printBanner tells whoever ran `berth serve` where Berth is and how to sign in.
+func printBanner(stdout io.Writer, c *config, origins previewOrigins, admin firstAdmin) {
 	fmt.Fprintf(stdout, "\nBerth is running at %s\n", c.BaseURL)
 	fmt.Fprintf(stdout, "  %s\n", origins.describe(preview.PortURLHost(c.BaseURL.Hostname())))
 	if admin.created {
@@ -245,25 +400,6 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stdou
 		printPasswordReset(stdout, c.AdminEmail)
 	}
 	fmt.Fprintln(stdout)
-
-	// Serve only after the banner: whoever sees /api/health answer has seen the login too.
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-
-	select {
-	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("http server: %w", err)
-		}
-	case <-ctx.Done():
-	}
-	log.Info("berth stopping")
-	shutCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(shutCtx); err != nil {
-		log.Warn("http shutdown", "err", err)
-	}
-	return nil
 }
 
 // nodeID names this process's node on process-bound rows: BERTH_NODE_ID, else the host name.
