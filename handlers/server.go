@@ -42,11 +42,11 @@ type Assets interface {
 
 // Deps are the server's dependencies, built by cmd/berth.
 type Deps struct {
-	Pool    *pgxpool.Pool
-	Jobs    *river.Client[pgx.Tx] // insert-only or working; used to enqueue inside transactions
+	Pool *pgxpool.Pool
+	Jobs *river.Client[pgx.Tx] // insert-only or working; used to enqueue inside transactions
 	// JobsUI is the River UI (NewJobsUI), mounted at /admin/jobs for instance admins; nil leaves
 	// /admin/jobs a 404.
-	JobsUI http.Handler
+	JobsUI  http.Handler
 	Assets  Assets
 	Log     *slog.Logger
 	BaseURL *url.URL   // the URL people use to reach Berth; https turns on Secure cookies
