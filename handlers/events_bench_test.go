@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"berth/handlers/live"
 )
 
 // benchSSEClients is how many SSE streams the fan-out benchmark holds open
@@ -127,7 +129,7 @@ func BenchmarkSSEFanout(b *testing.B) {
 // its /events URL and cursor), to show the subscription costs the page nothing measurable.
 func BenchmarkTaskPageLive(b *testing.B) {
 	w, counter, taskID := benchTaskWorld(b)
-	w.e.srv.events = NewEvents(0) // set before the first request
+	w.e.srv.events = live.New(0) // set before the first request
 	client := w.e.browser(w.r.Board)
 	req, _ := http.NewRequest(http.MethodGet, w.e.ts.URL+"/tasks/"+taskID, nil)
 	resp, err := client.Do(req)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+
+	"berth/handlers/live"
 )
 
 // requestLog records what the page asks for (CDP Network events) and the SSE messages it gets.
@@ -63,7 +65,7 @@ func TestLivePagesBrowser(t *testing.T) {
 		}
 		t.Skip("chromium is not installed")
 	}
-	events := NewEvents(0)
+	events := live.New(0)
 	re := setupRuns(t, func(d *Deps) { d.Events = events })
 	listenEvents(t, re.pool, events)
 	re.workspaceWith("")
@@ -102,9 +104,9 @@ func TestLivePagesBrowser(t *testing.T) {
 	idle := func(what string) {
 		t.Helper()
 		deadline := time.Now().Add(60 * time.Second)
-		for last := events.published.Load(); ; {
+		for last := events.Published(); ; {
 			time.Sleep(time.Second)
-			now := events.published.Load()
+			now := events.Published()
 			if now == last {
 				break
 			}
@@ -114,10 +116,10 @@ func TestLivePagesBrowser(t *testing.T) {
 			last = now
 		}
 		_, n := log.since(0)
-		before := events.published.Load()
+		before := events.Published()
 		time.Sleep(3 * time.Second)
 		reqs, _ := log.since(n)
-		if events.published.Load() != before {
+		if events.Published() != before {
 			t.Fatalf("%s: something changed during the idle check", what)
 		}
 		if len(reqs) != 0 {
@@ -225,11 +227,7 @@ func TestLivePagesBrowser(t *testing.T) {
 	// The stream is cut (as a restarted proxy would): the browser reconnects with Last-Event-ID
 	// and, nothing having changed, re-fetches nothing.
 	_, n = log.since(0)
-	events.mu.Lock()
-	for sub := range events.subs {
-		events.dropLocked(sub)
-	}
-	events.mu.Unlock()
+	events.DropAll()
 	subscribed("run page after its stream was cut")
 	idle("run page after reconnecting")
 	if reqs, _ := log.since(n); len(reqs) != 1 || !strings.HasPrefix(reqs[0], "/events?") {

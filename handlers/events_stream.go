@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"berth/db"
+	"berth/handlers/live"
 )
 
 // Stream timing: a comment every eventsHeartbeat keeps proxies from closing an idle stream and
@@ -95,16 +96,16 @@ func (s *Server) eventsStream(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return refuseStream(w, err)
 	}
-	sub := &subscriber{filter: f}
-	if err := s.eventMembership(r, p, sub); err != nil {
+	sub := s.events.Subscribe(f.match)
+	if err := s.eventMembership(r, p, f, sub); err != nil {
 		return refuseStream(w, err)
 	}
 	cursor := r.Header.Get("Last-Event-ID")
 	if cursor == "" {
 		cursor = r.URL.Query().Get("after")
 	}
-	missed, resync := s.events.subscribe(sub, cursor)
-	defer s.events.unsubscribe(sub)
+	missed, resync := sub.Start(cursor)
+	defer sub.Stop()
 
 	// The server's read and write timeouts are for requests, not for a stream that lasts.
 	rc := http.NewResponseController(w)
@@ -122,7 +123,7 @@ func (s *Server) eventsStream(w http.ResponseWriter, r *http.Request) error {
 		writeEvent(bw, he)
 	}
 	if resync {
-		writeEvent(bw, hubEvent{seq: 0, resync: true})
+		writeEvent(bw, live.Event{Resync: true})
 	}
 	if err := s.flushEvents(bw, rc, sub); err != nil {
 		return nil
@@ -139,7 +140,7 @@ func (s *Server) eventsStream(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		case <-end.C:
 			return nil
-		case he, ok := <-sub.ch:
+		case he, ok := <-sub.C():
 			if !ok {
 				return nil // dropped for falling behind: the browser reconnects and catches up
 			}
@@ -149,7 +150,7 @@ func (s *Server) eventsStream(w http.ResponseWriter, r *http.Request) error {
 			}
 		case <-beat.C:
 			if time.Since(checked) >= eventsRecheckBeats*s.eventsBeat() {
-				if err := s.eventMembership(r, p, sub); err != nil {
+				if err := s.eventMembership(r, p, f, sub); err != nil {
 					return nil // no longer allowed: end the stream; its reconnect gets the refusal
 				}
 				checked = time.Now()
@@ -165,11 +166,11 @@ func (s *Server) eventsStream(w http.ResponseWriter, r *http.Request) error {
 // flushEvents writes what is queued for the stream (events already in its channel too), then
 // the stream's position as an id-only message (no event fires; a reconnect resumes there),
 // and flushes.
-func (s *Server) flushEvents(bw *bufio.Writer, rc *http.ResponseController, sub *subscriber) error {
-	pos := s.events.cursor() // every event up to pos that sub wants is in sub.ch now
+func (s *Server) flushEvents(bw *bufio.Writer, rc *http.ResponseController, sub *live.Subscription) error {
+	pos := s.events.Cursor() // every event up to pos that sub wants is in sub.C() now
 	for drained := false; !drained; {
 		select {
-		case he, ok := <-sub.ch:
+		case he, ok := <-sub.C():
 			if !ok {
 				return errors.New("dropped")
 			}
@@ -186,13 +187,13 @@ func (s *Server) flushEvents(bw *bufio.Writer, rc *http.ResponseController, sub 
 }
 
 // writeEvent writes one event: its topic as the event name, its ids as data.
-func writeEvent(bw *bufio.Writer, he hubEvent) {
-	if he.resync {
+func writeEvent(bw *bufio.Writer, he live.Event) {
+	if he.Resync {
 		bw.WriteString("event: resync\ndata: {}\n\n")
 		return
 	}
-	data, _ := json.Marshal(he.ev)
-	bw.WriteString("event: " + he.ev.Topic + "\ndata: ")
+	data, _ := json.Marshal(he.Change)
+	bw.WriteString("event: " + he.Change.Topic + "\ndata: ")
 	bw.Write(data)
 	bw.WriteString("\n\n")
 }
@@ -200,7 +201,7 @@ func writeEvent(bw *bufio.Writer, he hubEvent) {
 // eventMembership sets the companies whose events the caller may receive (every company for an
 // instance admin); a company= filter naming one they may not see is the usual 404, and so is a
 // session that has ended since the stream began.
-func (s *Server) eventMembership(r *http.Request, p *principal, sub *subscriber) error {
+func (s *Server) eventMembership(r *http.Request, p *principal, f eventFilter, sub *live.Subscription) error {
 	ctx := r.Context()
 	if p.Via == "session" {
 		if _, found, err := s.sessions.Store.Find(s.sessions.Token(ctx)); err != nil || !found {
@@ -217,16 +218,16 @@ func (s *Server) eventMembership(r *http.Request, p *principal, sub *subscriber)
 	if err != nil {
 		return err
 	}
-	if sub.filter.company != "" && !admin {
+	if f.company != "" && !admin {
 		member := false
 		for _, id := range ids {
-			member = member || strings.EqualFold(id, sub.filter.company)
+			member = member || strings.EqualFold(id, f.company)
 		}
 		if !member {
 			return errNotFound
 		}
 	}
-	s.events.setCompanies(sub, ids, admin)
+	sub.SetCompanies(ids, admin)
 	return nil
 }
 

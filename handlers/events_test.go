@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"berth/db"
+	"berth/handlers/live"
 )
 
 // liveEnv is a server whose pages are live: an Events hub fed by a real LISTEN on the test
@@ -21,12 +22,12 @@ import (
 type liveEnv struct {
 	*testEnv
 	r      roles
-	events *Events
+	events *live.Hub
 }
 
 func setupLive(t testing.TB, opts ...func(*Deps)) *liveEnv {
 	t.Helper()
-	events := NewEvents(0)
+	events := live.New(0)
 	e := setup(t, append(opts, func(d *Deps) { d.Events = events })...)
 	listenEvents(t, e.pool, events)
 	return &liveEnv{testEnv: e, r: e.roles(), events: events}
@@ -34,7 +35,7 @@ func setupLive(t testing.TB, opts ...func(*Deps)) *liveEnv {
 
 // listenEvents feeds events from a real LISTEN on the pool's database, and returns once the
 // LISTEN took effect.
-func listenEvents(t testing.TB, pool *pgxpool.Pool, events *Events) {
+func listenEvents(t testing.TB, pool *pgxpool.Pool, events *live.Hub) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &db.EventListener{Config: pool.Config().ConnConfig, OnEvent: events.Publish, OnListen: events.Listening,
@@ -239,30 +240,6 @@ func TestEventsHeartbeat(t *testing.T) {
 		case <-timeout:
 			t.Fatal("no heartbeats")
 		}
-	}
-}
-
-// TestEventsDropsSlowSubscriber: a subscriber whose queue is full is dropped, and the others
-// still get the event.
-func TestEventsDropsSlowSubscriber(t *testing.T) {
-	t.Parallel()
-	h := NewEvents(1)
-	slow := &subscriber{all: true}
-	fast := &subscriber{all: true}
-	h.subscribe(slow, "")
-	h.subscribe(fast, "")
-	ev := db.Event{CompanyID: "c", Topic: "run", ID: "r"}
-	h.Publish(ev)
-	<-fast.ch
-	h.Publish(ev) // slow's queue is full now
-	if _, ok := <-slow.ch; !ok {
-		t.Fatal("the first event was lost")
-	}
-	if _, ok := <-slow.ch; ok {
-		t.Fatal("the slow subscriber was not dropped")
-	}
-	if got := <-fast.ch; got.ev != ev || h.Dropped() != 1 || h.Subscribers() != 1 {
-		t.Fatalf("fast got %+v; dropped %d, subscribers %d", got, h.Dropped(), h.Subscribers())
 	}
 }
 

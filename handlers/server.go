@@ -28,6 +28,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"berth/db"
+	"berth/handlers/live"
 	bmcp "berth/handlers/mcp"
 	"berth/handlers/metrics"
 	"berth/handlers/preview"
@@ -76,9 +77,9 @@ type Deps struct {
 	Metrics *metrics.Registry
 	// MetricsToken, when set, is a bearer token that may read GET /metrics (BERTH_METRICS_TOKEN).
 	MetricsToken string
-	// Events fans this node's LISTEN berth_events out to GET /events streams (events.go); nil
+	// Events fans this node's LISTEN berth_events out to GET /events streams (handlers/live); nil
 	// turns live pages off (GET /events is 404 and pages do not subscribe).
-	Events *Events
+	Events *live.Hub
 	// LocalServices is this node's runtime service supervisor (jobs.Services), which lets the
 	// preview proxy skip the service row while it runs here; nil reads the row per request.
 	LocalServices LocalServices
@@ -134,8 +135,8 @@ type Server struct {
 	mcp         *bmcp.Server   // the /mcp endpoint's server (mcp_endpoint.go)
 	hostChecks  func(context.Context) []HostCheck
 
-	// GET /events (events.go, events_stream.go); eventsHeartbeat 0 is the default interval.
-	events          *Events
+	// GET /events (handlers/live, events_stream.go); eventsHeartbeat 0 is the default interval.
+	events          *live.Hub
 	eventsHeartbeat time.Duration
 
 	// GET /metrics (metrics.go).

@@ -22,6 +22,7 @@ import (
 	"berth/environment/jail"
 	"berth/environment/netns"
 	"berth/handlers"
+	"berth/handlers/live"
 	"berth/handlers/metrics"
 	"berth/handlers/preview"
 	"berth/jobs"
@@ -310,7 +311,7 @@ func (n *parts) runWeb(ctx context.Context, getenv func(string) string, stdout i
 		return err
 	}
 	// Live pages: one dedicated connection LISTENs for berth_events (docs/live.md).
-	events := handlers.NewEvents(0)
+	events := live.New(0)
 	listener := &db.EventListener{Config: n.db.Pool.Config().ConnConfig, Log: n.log, OnEvent: events.Publish, OnListen: events.Listening}
 	go func() { _ = listener.Run(ctx) }()
 	jobsUI, err := handlers.NewJobsUI(ctx, n.client, n.log) // its background services end with ctx
