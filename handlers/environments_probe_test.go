@@ -14,6 +14,8 @@ import (
 	"berth/environment/jail"
 	"berth/environment/jail/jailtest"
 	"berth/jobs"
+
+	"berth/environment/datadir"
 )
 
 // withInsertOnlyJobs gives the server a River client that enqueues but works nothing, so tests
@@ -39,7 +41,7 @@ func withProbeWorkers(t *testing.T) func(*Deps) {
 			t.Fatal(err)
 		}
 		client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			NodeID: "test", Secrets: d.Secrets, HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir},
+			NodeID: "test", Secrets: d.Secrets, HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, Data: datadir.At(dataDir)},
 			jobs.ClientOptions{Work: true, MaxWorkers: 2})
 		if err != nil {
 			t.Fatal(err)

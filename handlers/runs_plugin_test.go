@@ -17,6 +17,8 @@ import (
 	"berth/environment/oci/ocitest"
 	"berth/environment/plugincheck/plugintest"
 	"berth/jobs"
+
+	"berth/environment/datadir"
 )
 
 // pluginRuns is a run world whose workers host plugins from their own plugin dir.
@@ -166,7 +168,7 @@ func TestRunOnPodmanFromImportedImage(t *testing.T) {
 	digest, _ := img.Digest()
 	pr.workspaceWith("")
 	envID := pr.usePlugin("berth-driver-podman", sum, map[string]any{"socket": sock})
-	imported, err := jobs.ImportImage(context.Background(), jobs.Deps{Pool: pr.pool, DataDir: pr.dataDir}, jobs.ImportImageRequest{
+	imported, err := jobs.ImportImage(context.Background(), jobs.Deps{Pool: pr.pool, Data: datadir.At(pr.dataDir)}, jobs.ImportImageRequest{
 		CompanyID: pr.r.A.ID, EnvironmentID: envID, Source: ref.String(), Activate: true})
 	if err != nil {
 		t.Fatal(err)

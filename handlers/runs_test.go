@@ -20,6 +20,8 @@ import (
 	"berth/environment/netns"
 	"berth/jobs"
 	"berth/workspace"
+
+	"berth/environment/datadir"
 )
 
 // runEnv is a server whose River client works jobs, with a project ready to run: a local
@@ -57,8 +59,8 @@ func setupRunsWorkers(t testing.TB, workers func(*jobs.Deps), opts ...func(*Deps
 		}
 		jd := jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
-			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, DataDir: dataDir}
-		eg, err := jobs.NewEgress(d.Pool, d.Secrets, dataDir, nil)
+			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, Data: datadir.At(dataDir)}
+		eg, err := jobs.NewEgress(d.Pool, d.Secrets, datadir.At(dataDir), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

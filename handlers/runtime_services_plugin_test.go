@@ -25,6 +25,8 @@ import (
 	"berth/environment/plugincheck/plugintest"
 	"berth/jobs"
 	"berth/workspace"
+
+	"berth/environment/datadir"
 )
 
 // pluginServiceWorkspace makes a ready shared execution workspace whose plan runs on environment
@@ -76,7 +78,7 @@ func (pr *pluginRuns) podmanEnv(settings map[string]any) (string, string) {
 	}
 	settings["socket"] = sock
 	envID := pr.usePlugin("berth-driver-podman", sum, settings)
-	if _, err := jobs.ImportImage(context.Background(), jobs.Deps{Pool: pr.pool, DataDir: pr.dataDir}, jobs.ImportImageRequest{
+	if _, err := jobs.ImportImage(context.Background(), jobs.Deps{Pool: pr.pool, Data: datadir.At(pr.dataDir)}, jobs.ImportImageRequest{
 		CompanyID: pr.r.A.ID, EnvironmentID: envID, Source: ref.String(), Activate: true}); err != nil {
 		pr.t.Fatal(err)
 	}

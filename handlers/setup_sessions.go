@@ -12,6 +12,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/environment/datadir"
 	"berth/environment/jail"
 	"berth/jobs"
 	"berth/terminal"
@@ -25,7 +26,7 @@ import (
 // ImageSetup is what setup sessions need on this node: the data dir the image layers live in,
 // the jail host their shells run in, and the registry of live shells.
 type ImageSetup struct {
-	DataDir   string
+	Data      datadir.Layout // the data dir: image layers, scratch layers, session workspaces
 	Jail      *jail.Host
 	Terminals *terminal.Registry
 	// Plugins runs plugin environments' drivers: their sessions' terminals (setup_sessions_plugin.go).
@@ -125,7 +126,7 @@ func (s *Server) startSetupSession(r *http.Request, a access, envID string, ttl 
 		return s.startPluginSetupSession(r, a, env, ttl)
 	}
 	is := s.imageSetup
-	if is == nil || is.Jail == nil || is.DataDir == "" || is.Terminals == nil {
+	if is == nil || is.Jail == nil || is.Data.Root == "" || is.Terminals == nil {
 		return db.SetupSession{}, errSetupUnavailable
 	}
 	var sess db.SetupSession
@@ -170,15 +171,15 @@ func (s *Server) startSetupSession(r *http.Request, a access, envID string, ttl 
 		bg, cancel := background(ctx)
 		defer cancel()
 		is.Terminals.Close(sess.ID, terminal.ReasonCancelled)
-		jobs.RemoveSetupFiles(is.DataDir, sess)
+		jobs.RemoveSetupFiles(is.Data, sess)
 		_, _ = db.MoveSetupSession(bg, s.pool, sess.CompanyID, sess.ID, []string{db.SetupStarting}, db.SetupFailed, cause.Error())
 		return db.SetupSession{}, fmt.Errorf("start setup session: %w", cause)
 	}
-	base := jobs.ImageLayerDir(is.DataDir, envID, sess.BaseVersion)
+	base := is.Data.ImageLayer(envID, sess.BaseVersion)
 	if err := os.MkdirAll(base, 0o755); err != nil { // version 1 is the empty layer, made on first use
 		return failed(err)
 	}
-	if err := os.CopyFS(jobs.ScratchLayerDir(is.DataDir, envID, sess.ID), os.DirFS(base)); err != nil {
+	if err := os.CopyFS(is.Data.ScratchLayer(envID, sess.ID), os.DirFS(base)); err != nil {
 		return failed(err)
 	}
 	if _, err := is.Terminals.Open(sess.ID, s.setupStarter(sess, cfg), sess.ExpiresAt, s.transcript(sess)); err != nil {
@@ -195,9 +196,9 @@ func (s *Server) startSetupSession(r *http.Request, a access, envID string, ttl 
 func (s *Server) setupStarter(sess db.SetupSession, cfg environment.SandboxConfig) terminal.StartFunc {
 	is := s.imageSetup
 	return func() (terminal.Pty, error) {
-		cmd, done, err := environment.SetupShellCommand(environment.SetupShell{Jail: *is.Jail, DataDir: is.DataDir,
-			Layer:     jobs.ScratchLayerDir(is.DataDir, sess.EnvironmentID, sess.ID),
-			Workspace: filepath.Join(jobs.SetupSessionDir(is.DataDir, sess.ID), "workspace"), Config: cfg})
+		cmd, done, err := environment.SetupShellCommand(environment.SetupShell{Jail: *is.Jail, DataDir: is.Data.Root,
+			Layer:     is.Data.ScratchLayer(sess.EnvironmentID, sess.ID),
+			Workspace: is.Data.SetupWorkspace(sess.ID), Config: cfg})
 		if err != nil {
 			return nil, err
 		}
@@ -222,7 +223,7 @@ func (t transcriptFile) Write(b []byte) (int, error) {
 }
 
 func (s *Server) transcript(sess db.SetupSession) transcriptFile {
-	dir := jobs.SetupSessionDir(s.imageSetup.DataDir, sess.ID)
+	dir := s.imageSetup.Data.SetupSession(sess.ID)
 	_ = os.MkdirAll(dir, 0o700)
 	return transcriptFile(filepath.Join(dir, "transcript"))
 }
@@ -311,7 +312,7 @@ func (s *Server) endSetupSession(r *http.Request, p *principal, id string, finis
 		return db.SetupSession{}, err
 	}
 	if !finish && s.imageSetup != nil {
-		jobs.RemoveSetupFiles(s.imageSetup.DataDir, sess)
+		jobs.RemoveSetupFiles(s.imageSetup.Data, sess)
 		s.releasePluginSetup(ctx, sess)
 	}
 	return sess, nil

@@ -34,7 +34,7 @@ const pluginTerminalOpen = 2 * time.Minute
 // pluginDeps are the jobs dependencies that build a plugin environment's driver here.
 func (s *Server) pluginDeps() jobs.Deps {
 	is := s.imageSetup
-	return jobs.Deps{Pool: s.pool, DataDir: is.DataDir, Plugins: is.Plugins, Secrets: s.secrets, NodeID: s.nodes.self()}
+	return jobs.Deps{Pool: s.pool, Data: is.Data, Plugins: is.Plugins, Secrets: s.secrets, NodeID: s.nodes.self()}
 }
 
 // isPluginEnvironment reports whether environment envID of the company is a plugin's.
@@ -51,7 +51,7 @@ func (s *Server) isPluginEnvironment(ctx context.Context, companyID, envID strin
 func (s *Server) startPluginSetupSession(r *http.Request, a access, env db.Environment, ttl time.Duration) (db.SetupSession, error) {
 	ctx := r.Context()
 	is := s.imageSetup
-	if is == nil || is.Plugins == nil || is.DataDir == "" || is.Terminals == nil {
+	if is == nil || is.Plugins == nil || is.Data.Root == "" || is.Terminals == nil {
 		return db.SetupSession{}, errPluginSetupUnavailable
 	}
 	if _, err := jobs.SetupTerminals(ctx, s.pluginDeps(), env); err != nil {

@@ -15,8 +15,9 @@ import (
 	"berth/db"
 	"berth/environment"
 	"berth/environment/jail"
-	"berth/jobs"
 	"berth/terminal"
+
+	"berth/environment/datadir"
 )
 
 // imageEnv is a runEnv with setup sessions on: a sandbox environment (image version 1 active)
@@ -37,7 +38,7 @@ func setupImages(t *testing.T) *imageEnv {
 		t.Fatal(err)
 	}
 	terms := terminal.NewRegistry(terminal.Options{AuthTimeout: 2 * time.Second})
-	re.srv.imageSetup = &ImageSetup{DataDir: re.dataDir, Jail: &host, Terminals: terms}
+	re.srv.imageSetup = &ImageSetup{Data: datadir.At(re.dataDir), Jail: &host, Terminals: terms}
 	return &imageEnv{runEnv: re, env: env, terms: terms}
 }
 
@@ -251,7 +252,7 @@ func TestSetupSessionBuildsAnImage(t *testing.T) {
 		v2["session_id"] != id || v1["status"] != "available" {
 		t.Fatalf("versions after finish = %v", list)
 	}
-	if _, err := os.Stat(jobs.ScratchLayerDir(ie.dataDir, ie.env, id)); !os.IsNotExist(err) {
+	if _, err := os.Stat(datadir.At(ie.dataDir).ScratchLayer(ie.env, id)); !os.IsNotExist(err) {
 		t.Fatalf("scratch layer left after the capture: %v", err)
 	}
 
@@ -306,7 +307,7 @@ func TestSetupSessionCancel(t *testing.T) {
 	if f, err := term.next(time.Now().Add(10 * time.Second)); err != nil || f["type"] != "closed" || f["reason"] != "setup_cancelled" {
 		t.Fatalf("after cancel: %v %v", f, err)
 	}
-	if _, err := os.Stat(jobs.ScratchLayerDir(ie.dataDir, ie.env, id)); !os.IsNotExist(err) {
+	if _, err := os.Stat(datadir.At(ie.dataDir).ScratchLayer(ie.env, id)); !os.IsNotExist(err) {
 		t.Fatalf("scratch layer left after cancel: %v", err)
 	}
 	if n := ie.count(`SELECT count(*) FROM image_versions WHERE environment_id = $1`, ie.env); n != 1 {

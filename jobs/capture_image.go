@@ -6,35 +6,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 
 	"berth/db"
+	"berth/environment/datadir"
 	"berth/workspace"
 )
 
 // captureAttempts is how often a capture is tried before its session is marked failed (the
 // previous version then stays active).
 const captureAttempts = 5
-
-// ImageLayerDir is the host directory of an environment's image version number.
-func ImageLayerDir(dataDir, environmentID string, number int) string {
-	return filepath.Join(dataDir, "images", environmentID, strconv.Itoa(number))
-}
-
-// ScratchLayerDir is the writable copy a setup session works on until it is captured or dropped.
-func ScratchLayerDir(dataDir, environmentID, sessionID string) string {
-	return filepath.Join(dataDir, "images", environmentID, "scratch-"+sessionID)
-}
-
-// SetupSessionDir holds a setup session's other files: the shell's empty /workspace and the
-// transcript.
-func SetupSessionDir(dataDir, sessionID string) string {
-	return filepath.Join(dataDir, "setup-sessions", sessionID)
-}
 
 // CaptureImageArgs asks to turn a finished setup session's scratch layer into the environment's
 // next image version.
@@ -82,10 +66,10 @@ func (w *CaptureImageWorker) capture(ctx context.Context, a CaptureImageArgs) er
 	if err != nil {
 		return err
 	}
-	if w.deps.DataDir == "" {
+	if w.deps.Data.Root == "" {
 		return fmt.Errorf("capture image: no data dir")
 	}
-	scratch := ScratchLayerDir(w.deps.DataDir, sess.EnvironmentID, sess.ID)
+	scratch := w.deps.Data.ScratchLayer(sess.EnvironmentID, sess.ID)
 	if fi, err := os.Stat(scratch); err != nil || !fi.IsDir() {
 		w.fail(ctx, a, fmt.Errorf("the scratch layer is gone"))
 		return nil
@@ -108,7 +92,7 @@ func (w *CaptureImageWorker) capture(ctx context.Context, a CaptureImageArgs) er
 		if number, err = db.NextImageVersionNumber(ctx, tx, sess.EnvironmentID); err != nil {
 			return fmt.Errorf("capture image: next number: %w", err)
 		}
-		layer = ImageLayerDir(w.deps.DataDir, sess.EnvironmentID, number)
+		layer = w.deps.Data.ImageLayer(sess.EnvironmentID, number)
 		// No row has this number: whatever is there is a crashed attempt's leftover.
 		if err := os.RemoveAll(layer); err != nil {
 			return fmt.Errorf("capture image: clear %d: %w", number, err)
@@ -158,7 +142,7 @@ func (w *CaptureImageWorker) capture(ctx context.Context, a CaptureImageArgs) er
 		}
 		return err
 	}
-	removeSetupFiles(w.deps.DataDir, sess)
+	removeSetupFiles(w.deps.Data, sess)
 	w.deps.Log.InfoContext(ctx, "image captured", "environment_id", sess.EnvironmentID, "version", number, "digest", c.TreeDigest)
 	return nil
 }
@@ -198,16 +182,16 @@ func (w *CaptureImageWorker) fail(ctx context.Context, a CaptureImageArgs, cause
 }
 
 // removeSetupFiles drops a session's scratch layer and shell workspace; the transcript stays.
-func removeSetupFiles(dataDir string, s db.SetupSession) {
-	if dataDir == "" || !db.ValidID(s.ID) {
+func removeSetupFiles(data datadir.Layout, s db.SetupSession) {
+	if data.Root == "" || !db.ValidID(s.ID) {
 		return
 	}
-	_ = os.RemoveAll(ScratchLayerDir(dataDir, s.EnvironmentID, s.ID))
-	_ = os.RemoveAll(filepath.Join(SetupSessionDir(dataDir, s.ID), "workspace"))
+	_ = os.RemoveAll(data.ScratchLayer(s.EnvironmentID, s.ID))
+	_ = os.RemoveAll(data.SetupWorkspace(s.ID))
 }
 
 // RemoveSetupFiles is removeSetupFiles for the handlers (cancel).
-func RemoveSetupFiles(dataDir string, s db.SetupSession) { removeSetupFiles(dataDir, s) }
+func RemoveSetupFiles(data datadir.Layout, s db.SetupSession) { removeSetupFiles(data, s) }
 
 // scratchSessionID is the session id in a scratch layer's directory name, "" for other names.
 func scratchSessionID(name string) string {

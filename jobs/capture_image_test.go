@@ -17,6 +17,8 @@ import (
 	"berth/db"
 	"berth/db/dbtest"
 	"berth/workspace"
+
+	"berth/environment/datadir"
 )
 
 // imageWorld is a sandbox environment with version 1 active and a setup session in progress
@@ -33,7 +35,7 @@ func newImageWorld(t *testing.T) imageWorld {
 	t.Helper()
 	ctx := context.Background()
 	w := imageWorld{pool: dbtest.New(t)}
-	w.deps = Deps{Pool: w.pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), DataDir: t.TempDir()}
+	w.deps = Deps{Pool: w.pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Data: datadir.At(t.TempDir())}
 	if err := w.pool.QueryRow(ctx, `INSERT INTO companies (name, slug) VALUES ('Acme', 'acme') RETURNING id`).Scan(&w.company); err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +53,7 @@ func newImageWorld(t *testing.T) imageWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scratch := ScratchLayerDir(w.deps.DataDir, w.env, w.sess.ID)
+	scratch := w.deps.Data.ScratchLayer(w.env, w.sess.ID)
 	if err := os.MkdirAll(filepath.Join(scratch, "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +98,7 @@ func TestCaptureCrashLeavesTheOldVersion(t *testing.T) {
 	if err := w.pool.QueryRow(context.Background(), `SELECT count(*) FROM image_versions WHERE environment_id = $1`, w.env).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("versions after the crash = %d %v, want 1", n, err)
 	}
-	layer2 := ImageLayerDir(w.deps.DataDir, w.env, 2)
+	layer2 := w.deps.Data.ImageLayer(w.env, 2)
 	if _, err := os.Stat(layer2); !os.IsNotExist(err) {
 		t.Fatalf("layer 2 after the crash: %v", err)
 	}
@@ -124,7 +126,7 @@ func TestCaptureCrashLeavesTheOldVersion(t *testing.T) {
 	if err != nil || s.Status != db.SetupPromoted || s.ResultVersion != 2 {
 		t.Fatalf("session = %+v %v", s, err)
 	}
-	if _, err := os.Stat(ScratchLayerDir(w.deps.DataDir, w.env, w.sess.ID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(w.deps.Data.ScratchLayer(w.env, w.sess.ID)); !os.IsNotExist(err) {
 		t.Fatalf("scratch after the capture: %v", err)
 	}
 	// Running it again changes nothing.
@@ -172,7 +174,7 @@ func TestExpireSetupSessions(t *testing.T) {
 		t.Fatalf("a second live session: %v, want ErrConflict", err)
 	}
 	for _, id := range []string{live.ID} {
-		if err := os.MkdirAll(ScratchLayerDir(w.deps.DataDir, w.env, id), 0o755); err != nil {
+		if err := os.MkdirAll(w.deps.Data.ScratchLayer(w.env, id), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -184,10 +186,10 @@ func TestExpireSetupSessions(t *testing.T) {
 		}
 	}
 	work()
-	if _, err := os.Stat(ScratchLayerDir(w.deps.DataDir, w.env, w.sess.ID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(w.deps.Data.ScratchLayer(w.env, w.sess.ID)); !os.IsNotExist(err) {
 		t.Fatalf("orphan scratch kept: %v", err)
 	}
-	if _, err := os.Stat(ScratchLayerDir(w.deps.DataDir, w.env, live.ID)); err != nil {
+	if _, err := os.Stat(w.deps.Data.ScratchLayer(w.env, live.ID)); err != nil {
 		t.Fatalf("live scratch removed: %v", err)
 	}
 	if _, err := w.pool.Exec(ctx, `UPDATE image_setup_sessions SET expires_at = now() - interval '1 second' WHERE id = $1`, live.ID); err != nil {
@@ -198,7 +200,7 @@ func TestExpireSetupSessions(t *testing.T) {
 	if err != nil || s.Status != db.SetupTimedOut || s.FinishedAt == nil {
 		t.Fatalf("expired session = %+v %v", s, err)
 	}
-	if _, err := os.Stat(ScratchLayerDir(w.deps.DataDir, w.env, live.ID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(w.deps.Data.ScratchLayer(w.env, live.ID)); !os.IsNotExist(err) {
 		t.Fatalf("expired scratch kept: %v", err)
 	}
 	work() // nothing more to do

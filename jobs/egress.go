@@ -21,6 +21,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/environment/datadir"
 	"berth/environment/egress"
 )
 
@@ -77,15 +78,15 @@ type EgressHost struct {
 
 // NewEgress makes the node's egress side and its proxy. The per-install CA (for credential
 // injection) is made on first start, its key sealed with the secret key, both in dataDir/egress.
-func NewEgress(pool *pgxpool.Pool, secrets *db.Sealer, dataDir string, log *slog.Logger) (*Egress, error) {
+func NewEgress(pool *pgxpool.Pool, secrets *db.Sealer, data datadir.Layout, log *slog.Logger) (*Egress, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	e := &Egress{pool: pool, secrets: secrets, log: log, tenants: map[string]tenant{}, cache: map[string]cachedPol{},
 		runs: map[string]*runEgress{}}
 	e.Proxy = &egress.Proxy{Policy: e.policy, Observe: e.observe}
-	if dataDir != "" && secrets != nil {
-		ca, bundle, err := loadEgressCA(filepath.Join(dataDir, "egress"), secrets)
+	if data.Root != "" && secrets != nil {
+		ca, bundle, err := loadEgressCA(data.Egress(), secrets)
 		if err != nil {
 			return nil, err
 		}

@@ -54,7 +54,7 @@ func (w *ExpireSetupSessionsWorker) Work(ctx context.Context, _ *river.Job[Expir
 		if err != nil {
 			return err
 		}
-		removeSetupFiles(w.deps.DataDir, s)
+		removeSetupFiles(w.deps.Data, s)
 		if err := ReleaseSetupInstance(ctx, w.deps, s); err != nil && w.deps.Log != nil { // a plugin environment's instance
 			w.deps.Log.WarnContext(ctx, "release setup instance", "session_id", s.ID, "err", err)
 		}
@@ -68,10 +68,10 @@ func (w *ExpireSetupSessionsWorker) Work(ctx context.Context, _ *river.Job[Expir
 
 // sweepScratch removes scratch layers whose session is no longer live (or gone).
 func (w *ExpireSetupSessionsWorker) sweepScratch(ctx context.Context) error {
-	if w.deps.DataDir == "" {
+	if w.deps.Data.Root == "" {
 		return nil
 	}
-	dirs, err := filepath.Glob(filepath.Join(w.deps.DataDir, "images", "*", "scratch-*"))
+	dirs, err := filepath.Glob(w.deps.Data.ScratchLayers())
 	if err != nil {
 		return err
 	}
@@ -88,7 +88,7 @@ func (w *ExpireSetupSessionsWorker) sweepScratch(ctx context.Context) error {
 			continue
 		}
 		_ = os.RemoveAll(d)
-		_ = os.RemoveAll(filepath.Join(SetupSessionDir(w.deps.DataDir, id), "workspace"))
+		_ = os.RemoveAll(w.deps.Data.SetupWorkspace(id))
 	}
 	return nil
 }

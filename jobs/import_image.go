@@ -45,7 +45,7 @@ type ImportedImage struct {
 // layer, records its manifest digest and source, activates it if asked, and writes the audit
 // event. A failure anywhere leaves no version row and no layer; the active version is unchanged.
 func ImportImage(ctx context.Context, deps Deps, req ImportImageRequest) (ImportedImage, error) {
-	if deps.DataDir == "" {
+	if deps.Data.Root == "" {
 		return ImportedImage{}, errors.New("import image: no data dir")
 	}
 	env, err := db.EnvironmentByID(ctx, deps.Pool, req.CompanyID, req.EnvironmentID)
@@ -56,7 +56,7 @@ func ImportImage(ctx context.Context, deps Deps, req ImportImageRequest) (Import
 		return ImportedImage{}, fmt.Errorf("import image: %s environments have no image versions (sandbox and plugin ones do): %w",
 			env.Driver, db.ErrConflict)
 	}
-	envDir := filepath.Join(deps.DataDir, "images", env.ID)
+	envDir := deps.Data.EnvironmentImages(env.ID)
 	if err := os.MkdirAll(envDir, 0o755); err != nil {
 		return ImportedImage{}, fmt.Errorf("import image: %w", err)
 	}
@@ -91,7 +91,7 @@ func ImportImage(ctx context.Context, deps Deps, req ImportImageRequest) (Import
 		if err := db.SetImageVersionSource(ctx, tx, env.CompanyID, v.ID, img.Kind+" "+img.Source); err != nil {
 			return err
 		}
-		layer := ImageLayerDir(deps.DataDir, env.ID, v.Number)
+		layer := deps.Data.ImageLayer(env.ID, v.Number)
 		// No committed row has this number: whatever is there is a crashed attempt's leftover.
 		if err := os.RemoveAll(layer); err != nil {
 			return fmt.Errorf("import image: clear %d: %w", v.Number, err)
@@ -163,7 +163,7 @@ func (w *ImportImageWorker) Work(ctx context.Context, job *river.Job[ImportImage
 		if filepath.Base(source) != source || source == "" {
 			return river.JobCancel(fmt.Errorf("import_image: bad upload name"))
 		}
-		source = filepath.Join(w.deps.DataDir, "uploads", source)
+		source = filepath.Join(w.deps.Data.Uploads(), source)
 	}
 	_, err := ImportImage(ctx, w.deps, ImportImageRequest{CompanyID: a.CompanyID, EnvironmentID: a.EnvironmentID, Source: source,
 		Activate: a.Activate, UserID: a.UserID, ActorLabel: a.ActorLabel})

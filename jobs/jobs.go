@@ -17,6 +17,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/environment/datadir"
 	"berth/environment/jail"
 	"berth/environment/netns"
 	"berth/workspace"
@@ -42,10 +43,10 @@ type Deps struct {
 	// Jail is this host's bubblewrap and run user (jail.Detect); nil when bubblewrap is missing,
 	// and then contained environments refuse to run commands (environment_unavailable).
 	Jail *jail.Host
-	// DataDir is Berth's data dir; with Masks (the server user's home) it is hidden from every
-	// jailed command.
-	DataDir string
-	Masks   []string
+	// Data is Berth's data dir and the paths under it (cmd/berth makes it); with Masks (the
+	// server user's home) its root is hidden from every jailed command.
+	Data  datadir.Layout
+	Masks []string
 	// Networks are this node's workspace network namespaces (environment/netns): every jail of a
 	// workspace joins its workspace's, with Berth's API and egress proxy on its loopback. Nil when
 	// Berth is not root (jails then have the host's network).

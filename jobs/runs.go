@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -126,11 +125,11 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 			return nil, fmt.Errorf("run environment: its secrets are unreadable")
 		}
 	}
-	opts := environment.Options{NodeID: w.deps.NodeID, Secrets: sec, Jail: w.deps.Jail, DataDir: w.deps.DataDir, Networks: w.deps.Networks,
+	opts := environment.Options{NodeID: w.deps.NodeID, Secrets: sec, Jail: w.deps.Jail, DataDir: w.deps.Data.Root, Networks: w.deps.Networks,
 		CABundle: injectedBundle(cfg, w.deps.Egress),
 		Masks:    w.deps.Masks, Plugins: w.deps.Plugins}
-	if w.deps.DataDir != "" {
-		opts.Masks = append([]string{w.deps.DataDir}, opts.Masks...)
+	if w.deps.Data.Root != "" {
+		opts.Masks = append([]string{w.deps.Data.Root}, opts.Masks...)
 	}
 	switch cfg.Driver {
 	case environment.DriverSandbox:
@@ -139,8 +138,8 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 		}
 	case environment.DriverPlugin:
 		// A plugin gets the active image version (if any) by digest, and the layer when it lacks it.
-		if v, err := db.ActiveImageVersion(ctx, w.deps.Pool, env.CompanyID, env.ID); err == nil && w.deps.DataDir != "" {
-			opts.ImageDir, opts.ImageDigest = ImageLayerDir(w.deps.DataDir, env.ID, v.Number), v.Digest
+		if v, err := db.ActiveImageVersion(ctx, w.deps.Pool, env.CompanyID, env.ID); err == nil && w.deps.Data.Root != "" {
+			opts.ImageDir, opts.ImageDigest = w.deps.Data.ImageLayer(env.ID, v.Number), v.Digest
 		} else if err != nil && !errors.Is(err, db.ErrNotFound) {
 			return nil, fmt.Errorf("run environment: %w", err)
 		}
@@ -165,14 +164,14 @@ func injectedBundle(cfg environment.Config, e *Egress) string {
 // imageLayer is the host directory of a sandbox environment's active image version:
 // <data dir>/images/<environment id>/<number> (version 1, the empty layer, is made on first use).
 func (w runWorker) imageLayer(ctx context.Context, env db.Environment) (string, error) {
-	if w.deps.DataDir == "" {
+	if w.deps.Data.Root == "" {
 		return "", fmt.Errorf("run environment: sandboxes need the data dir")
 	}
 	v, err := db.ActiveImageVersion(ctx, w.deps.Pool, env.CompanyID, env.ID)
 	if err != nil {
 		return "", fmt.Errorf("run environment: the sandbox has no active image version: %w", err)
 	}
-	return filepath.Join(w.deps.DataDir, "images", env.ID, strconv.Itoa(v.Number)), nil
+	return w.deps.Data.ImageLayer(env.ID, v.Number), nil
 }
 
 // inJail completes a command for workspace ws with what its jail needs: the workspace's network

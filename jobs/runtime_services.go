@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
@@ -404,7 +403,7 @@ func (m *Services) specFor(ctx context.Context, svc db.RuntimeService) (environm
 	if !found {
 		return environment.ServiceSpec{}, def, env, fmt.Errorf("the project workspace no longer defines service %q", svc.Name)
 	}
-	if m.deps.Workspaces == nil || m.deps.DataDir == "" {
+	if m.deps.Workspaces == nil || m.deps.Data.Root == "" {
 		return environment.ServiceSpec{}, def, env, errors.New("this node has no workspaces or data dir")
 	}
 	root, err := m.deps.Workspaces.Root(ws.Ref)
@@ -426,7 +425,7 @@ func (m *Services) specFor(ctx context.Context, svc db.RuntimeService) (environm
 			return environment.ServiceSpec{}, def, env, err
 		}
 	}
-	logDir := filepath.Join(m.deps.DataDir, "services")
+	logDir := m.deps.Data.ServiceLogs()
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
 		return environment.ServiceSpec{}, def, env, err
 	}
@@ -463,19 +462,19 @@ func servicePlacement(ctx context.Context, d Deps, env db.Environment, home stri
 			return environment.Placement{}, errors.New("the environment's secrets do not open with this server's key")
 		}
 	}
-	opts := environment.Options{NodeID: d.NodeID, Secrets: sec, Jail: d.Jail, DataDir: d.DataDir, Masks: d.Masks, Networks: d.Networks}
+	opts := environment.Options{NodeID: d.NodeID, Secrets: sec, Jail: d.Jail, DataDir: d.Data.Root, Masks: d.Masks, Networks: d.Networks}
 	if cfg.Injects() {
 		opts.CABundle = d.Egress.Bundle()
 	}
-	if d.DataDir != "" {
-		opts.Masks = append([]string{d.DataDir}, opts.Masks...)
+	if d.Data.Root != "" {
+		opts.Masks = append([]string{d.Data.Root}, opts.Masks...)
 	}
 	if cfg.Driver == environment.DriverSandbox {
 		v, err := db.ActiveImageVersion(ctx, d.Pool, env.CompanyID, env.ID)
 		if err != nil {
 			return environment.Placement{}, fmt.Errorf("the sandbox has no active image version: %w", err)
 		}
-		opts.ImageDir = filepath.Join(d.DataDir, "images", env.ID, strconv.Itoa(v.Number))
+		opts.ImageDir = d.Data.ImageLayer(env.ID, v.Number)
 	}
 	return environment.ServicePlacement(cfg, opts, home)
 }

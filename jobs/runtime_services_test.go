@@ -18,6 +18,8 @@ import (
 	"berth/environment/jail"
 	"berth/environment/jail/jailtest"
 	"berth/workspace"
+
+	"berth/environment/datadir"
 )
 
 // serviceWorld is a ready shared workspace over a directory with an index.html, in a local
@@ -84,7 +86,7 @@ func newServiceWorldDef(t *testing.T, def db.ServiceDefinition) serviceWorld {
 		t.Fatal(err)
 	}
 	node := "svc-" + randomUUID()[:8]
-	d := Deps{Pool: pool, Log: discardLog(), Workspaces: mgr, NodeID: node, DataDir: data, Jail: &h, Masks: []string{data},
+	d := Deps{Pool: pool, Log: discardLog(), Workspaces: mgr, NodeID: node, Data: datadir.At(data), Jail: &h, Masks: []string{data},
 		Executing: NewExecuting(node)}
 	svc, err := db.EnsureRuntimeService(ctx, pool, c.ID, ws.ID, pw.ID, def)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"berth/db"
+	"berth/environment/datadir"
 )
 
 // The run spool (docs/runs.md "Durability"): when a run's command ends, its executor writes the
@@ -48,11 +49,11 @@ type spool struct {
 }
 
 // spoolOf is the spool under a data dir.
-func spoolOf(dataDir string) spool {
-	if dataDir == "" {
+func spoolOf(data datadir.Layout) spool {
+	if data.Root == "" {
 		return spool{}
 	}
-	return spool{dir: filepath.Join(dataDir, "spool", "runs")}
+	return spool{dir: data.RunSpool()}
 }
 
 // path is where a run's outcome is spooled; ok is false for an id that is not a plain UUID, which

@@ -20,6 +20,8 @@ import (
 	"berth/db"
 	"berth/db/dbtest"
 	"berth/environment/jail/jailtest"
+
+	"berth/environment/datadir"
 )
 
 // TestSpoolFiles: an outcome is saved atomically with private modes, read back whole, listed,
@@ -28,7 +30,7 @@ import (
 func TestSpoolFiles(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
-	sp := spoolOf(data)
+	sp := spoolOf(datadir.At(data))
 	id := randomUUID()
 	exit := 3
 	o := runOutcome{RunID: id, Status: db.RunFailed, ErrorCode: codeCommandFailed, ErrorMessage: "exit 3", ExitCode: &exit,
@@ -93,7 +95,7 @@ func TestSpoolFiles(t *testing.T) {
 		t.Fatalf("quarantined file not kept: %v", err)
 	}
 	// Without a data dir nothing touches the disk.
-	if err := spoolOf("").save(o); err != nil || spoolOf("").has(id) {
+	if err := spoolOf(datadir.Layout{}).save(o); err != nil || spoolOf(datadir.Layout{}).has(id) {
 		t.Fatalf("dataless spool: %v", err)
 	}
 }
@@ -109,7 +111,7 @@ func TestSpoolReplayAfterRestart(t *testing.T) {
 	ctx := context.Background()
 	w := newSweepWorld(t)
 	data := t.TempDir()
-	sp := spoolOf(data)
+	sp := spoolOf(datadir.At(data))
 
 	spooled := w.run(db.RunRunning, "n1", 0)
 	w.job(ExecuteRunArgs{RunID: spooled}, "n1@dead", 0)
@@ -136,7 +138,7 @@ func TestSpoolReplayAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	d := Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: e, DataDir: data}
+	d := Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: e, Data: datadir.At(data)}
 	if err := SweepOrphans(ctx, d); err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +257,7 @@ func TestSettledOutcome(t *testing.T) {
 func BenchmarkSpoolSave(b *testing.B) {
 	for _, size := range []int{1 << 10, 1 << 20} {
 		b.Run(fmt.Sprintf("log=%dKiB", size>>10), func(b *testing.B) {
-			sp := spoolOf(jailtest.Dir(b))
+			sp := spoolOf(datadir.At(jailtest.Dir(b)))
 			exit := 1
 			o := runOutcome{RunID: randomUUID(), Status: db.RunFailed, ErrorCode: codeCommandFailed, ExitCode: &exit,
 				Log: bytes.Repeat([]byte("x"), size), LogHead: size, LogTotal: int64(size)}

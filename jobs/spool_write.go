@@ -81,7 +81,7 @@ func settledOutcome(err error) bool {
 // database or can never be (logged), and an error only when ctx ended first, the outcome then
 // staying in the spool for the next process of this node.
 func (w runWorker) recordOutcome(ctx context.Context, run db.Run, o runOutcome) error {
-	sp := spoolOf(w.deps.DataDir)
+	sp := spoolOf(w.deps.Data)
 	log := runLog(w.deps.Log, run)
 	spooled := true
 	if err := sp.save(o); err != nil {
@@ -150,7 +150,7 @@ func ReplaySpool(ctx context.Context, d Deps) error {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
-	sp := spoolOf(d.DataDir)
+	sp := spoolOf(d.Data)
 	sp.sweepTemps()
 	var ins Inserter
 	for {

@@ -14,6 +14,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/environment/datadir"
 	"berth/workspace"
 )
 
@@ -220,7 +221,7 @@ func (s *sweeper) orphans(ctx context.Context) (int, error) {
 	}
 	n := 0
 	var errs []error
-	sp := spoolOf(s.deps.DataDir)
+	sp := spoolOf(s.deps.Data)
 	for _, c := range cands {
 		if sp.has(c.ID) {
 			continue // its executor's outcome waits in this node's spool, to be written (ReplaySpool)
@@ -381,11 +382,11 @@ func (s *sweeper) settleOperations(ctx context.Context) (int64, error) {
 // SweepImageStaging removes what killed imports left under <data dir>/images/<environment>/:
 // capsule-import, OCI-import and OCI-extraction staging directories of processes that are gone
 // (workspace.SweepStaging). The startup sweep and every periodic sweep run it.
-func SweepImageStaging(dataDir string) (int, error) {
-	if dataDir == "" {
+func SweepImageStaging(data datadir.Layout) (int, error) {
+	if data.Root == "" {
 		return 0, nil
 	}
-	dirs, err := filepath.Glob(filepath.Join(dataDir, "images", "*"))
+	dirs, err := filepath.Glob(filepath.Join(data.Images(), "*"))
 	if err != nil {
 		return 0, err
 	}
@@ -401,7 +402,7 @@ func SweepImageStaging(dataDir string) (int, error) {
 
 // sweepStaging runs SweepImageStaging and logs what it removed.
 func (s *sweeper) sweepStaging() error {
-	n, err := SweepImageStaging(s.deps.DataDir)
+	n, err := SweepImageStaging(s.deps.Data)
 	if n > 0 {
 		s.log.Info("removed staging directories of killed imports", "count", n)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"berth/workspace"
+
+	"berth/environment/datadir"
 )
 
 // TestSweepImageStaging: the sweep removes the staging directories that killed image imports
@@ -31,7 +33,7 @@ func TestSweepImageStaging(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := SweepImageStaging(data)
+	n, err := SweepImageStaging(datadir.At(data))
 	if err != nil || n != 3 {
 		t.Fatalf("sweep = %d, %v; want 3 removed", n, err)
 	}

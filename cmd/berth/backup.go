@@ -13,7 +13,7 @@ import (
 	"berth/db"
 	"berth/db/backup"
 	"berth/db/pgembed"
-	"berth/jobs"
+	"berth/environment/datadir"
 )
 
 // backupCmd is `berth backup DIR`: a consistent backup of the instance (running or not) into DIR
@@ -41,16 +41,15 @@ func backupCmd(ctx context.Context, args []string, getenv func(string) string, s
 	conn, source := c.DatabaseURL, "database_url"
 	if conn == "" {
 		source = "embedded"
-		cl, err := pgembed.Start(ctx, pgembed.Options{Dir: filepath.Join(c.DataDir, "pg"), Logger: log})
+		cl, err := pgembed.Start(ctx, pgembed.Options{Dir: datadir.At(c.DataDir).Postgres(), Logger: log})
 		if err != nil {
 			return fmt.Errorf("backup: embedded postgres: %w", err)
 		}
 		defer stopCluster(cl)
 		conn = cl.ConnString()
 	}
-	res, err := backup.Backup(ctx, backup.Options{Dir: dir, ConnString: conn, Source: source, DataDir: c.DataDir, Key: key,
-		KeyOut: *keyOut, PassphraseFile: *pass, BerthVersion: version, Log: log,
-		LayerDir: func(env string, n int) string { return jobs.ImageLayerDir(c.DataDir, env, n) }})
+	res, err := backup.Backup(ctx, backup.Options{Dir: dir, ConnString: conn, Source: source, Data: datadir.At(c.DataDir), Key: key,
+		KeyOut: *keyOut, PassphraseFile: *pass, BerthVersion: version, Log: log})
 	if err != nil {
 		return err
 	}
@@ -95,15 +94,15 @@ func restoreCmd(ctx context.Context, args []string, getenv func(string) string, 
 		if c.DatabaseURL != "" {
 			return c.DatabaseURL, func() {}, nil
 		}
-		cl, err := pgembed.Start(ctx, pgembed.Options{Dir: filepath.Join(c.DataDir, "pg"), Logger: log})
+		cl, err := pgembed.Start(ctx, pgembed.Options{Dir: datadir.At(c.DataDir).Postgres(), Logger: log})
 		if err != nil {
 			return "", nil, err
 		}
 		return cl.ConnString(), func() { stopCluster(cl) }, nil
 	}
-	res, err := backup.Restore(ctx, backup.RestoreOptions{Dir: dir, Manifest: *manifest, DataDir: c.DataDir,
+	res, err := backup.Restore(ctx, backup.RestoreOptions{Dir: dir, Manifest: *manifest, Data: datadir.At(c.DataDir),
 		KeyFile: *keyFile, PassphraseFile: *pass, EnvKey: envKey, OpenDatabase: open, Log: log,
-		LayerDir: func(env string, n int) string { return jobs.ImageLayerDir(c.DataDir, env, n) }})
+	})
 	if err != nil {
 		return err
 	}

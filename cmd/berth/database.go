@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"berth/db"
 	"berth/db/pgembed"
+	"berth/environment/datadir"
 )
 
 // database is an open pool plus whatever must be stopped after it closes.
@@ -31,7 +31,7 @@ func openDatabase(ctx context.Context, c *config, log *slog.Logger, persistent b
 		if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("data dir: %w", err)
 		}
-		cl, err := pgembed.Start(ctx, pgembed.Options{Dir: filepath.Join(c.DataDir, "pg"), Persistent: persistent, Logger: log})
+		cl, err := pgembed.Start(ctx, pgembed.Options{Dir: datadir.At(c.DataDir).Postgres(), Persistent: persistent, Logger: log})
 		if err != nil {
 			if errors.Is(err, pgembed.ErrNoBinaries) {
 				return nil, err

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 
 	"berth/db"
+	"berth/environment/datadir"
 	"berth/jobs"
 )
 
@@ -43,7 +44,7 @@ func imageCmd(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	fmt.Fprintf(stderr, "importing %s …\n", fs.Arg(1))
-	out, err := jobs.ImportImage(ctx, jobs.Deps{Pool: d.Pool, Log: log, DataDir: c.DataDir}, jobs.ImportImageRequest{
+	out, err := jobs.ImportImage(ctx, jobs.Deps{Pool: d.Pool, Log: log, Data: datadir.At(c.DataDir)}, jobs.ImportImageRequest{
 		CompanyID: company, EnvironmentID: id, Source: fs.Arg(1), Activate: *activate, ActorLabel: "berth image import"})
 	if err != nil {
 		return err

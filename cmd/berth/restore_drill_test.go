@@ -18,6 +18,8 @@ import (
 	"berth/environment/jail/jailtest"
 	"berth/jobs"
 	"berth/workspace"
+
+	"berth/environment/datadir"
 )
 
 // TestRestoreDrill is the restore drill of docs/operations.md on the embedded default: a real
@@ -101,7 +103,7 @@ func TestRestoreDrill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	layer := jobs.ImageLayerDir(dataDir, box.ID, v.Number)
+	layer := datadir.At(dataDir).ImageLayer(box.ID, v.Number)
 	_ = os.MkdirAll(filepath.Dir(layer), 0o755)
 	if err := os.Rename(staged, layer); err != nil {
 		t.Fatal(err)
@@ -187,7 +189,7 @@ func TestRestoreDrill(t *testing.T) {
 	if rows.Err() != nil || n == 0 {
 		t.Fatalf("%d receipts verified (%v)", n, rows.Err())
 	}
-	if got, err := workspace.TreeDigest(ctx, jobs.ImageLayerDir(dataDir, box.ID, v.Number)); err != nil || got != digest {
+	if got, err := workspace.TreeDigest(ctx, datadir.At(dataDir).ImageLayer(box.ID, v.Number)); err != nil || got != digest {
 		t.Fatalf("restored layer digest %s (%v), version says %s", got, err, digest)
 	}
 	r := w.run(live)

@@ -19,6 +19,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/environment/datadir"
 	"berth/environment/jail"
 	"berth/environment/netns"
 	"berth/handlers"
@@ -165,7 +166,7 @@ func openParts(ctx context.Context, c *config, getenv func(string) string, log *
 	stops.push(n.executing.Close)
 	n.metrics = metrics.New() // this process's /metrics registry; the workers observe run admission
 	// The egress proxy every jail with a network reaches (jobs/egress.go, docs/network.md).
-	if n.egress, err = jobs.NewEgress(n.db.Pool, n.sealer, c.DataDir, log); err != nil {
+	if n.egress, err = jobs.NewEgress(n.db.Pool, n.sealer, n.host.Data, log); err != nil {
 		return nil, err
 	}
 	n.egress.Denied = n.metrics.EgressDeniedInc
@@ -193,10 +194,10 @@ func openParts(ctx context.Context, c *config, getenv func(string) string, log *
 		Networks:   networks,
 		Egress:     n.egress,
 		Secrets:    n.sealer,
-		HomeDir:    filepath.Join(c.DataDir, "homes"),
+		HomeDir:    n.host.Data.Homes(),
 		Executing:  n.executing,
 		Jail:       n.host.Jail,
-		DataDir:    n.host.DataDir,
+		Data:       n.host.Data,
 		Masks:      n.host.Masks,
 		Admission:  n.metrics.RunAdmission,
 		Plugins:    n.plugins,
@@ -331,7 +332,7 @@ func (n *parts) runWeb(ctx context.Context, getenv func(string) string, stdout i
 		BaseURL:             c.BaseURL,
 		Version:             version,
 		TrustedProxies:      c.TrustedProxies,
-		ImageSetup:          &handlers.ImageSetup{DataDir: n.host.DataDir, Jail: n.host.Jail, Terminals: terminal.NewRegistry(terminal.Options{}), Plugins: n.plugins},
+		ImageSetup:          &handlers.ImageSetup{Data: n.host.Data, Jail: n.host.Jail, Terminals: terminal.NewRegistry(terminal.Options{}), Plugins: n.plugins},
 		Metrics:             n.metrics,
 		MetricsToken:        c.MetricsToken,
 		LocalServices:       n.local,
@@ -467,7 +468,7 @@ func jailDeps(ctx context.Context, log *slog.Logger, dataDir string) (jobs.Deps,
 	if err != nil {
 		return jobs.Deps{}, fmt.Errorf("data dir: %w", err)
 	}
-	d := jobs.Deps{DataDir: real}
+	d := jobs.Deps{Data: datadir.At(real)}
 	if home, err := os.UserHomeDir(); err == nil && filepath.IsAbs(home) && home != "/" {
 		if h, err := filepath.EvalSymlinks(home); err == nil && h != "/" {
 			d.Masks = append(d.Masks, h)

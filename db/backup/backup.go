@@ -12,6 +12,8 @@
 package backup
 
 import (
+	"berth/environment/datadir"
+
 	"context"
 	"errors"
 	"fmt"
@@ -29,19 +31,17 @@ import (
 
 // Options configures Backup.
 type Options struct {
-	Dir        string // the backup directory; created (0700) if missing, reused for incremental backups
-	ConnString string // the instance's database
-	Source     string // "embedded" or "database_url", recorded in the manifest
-	DataDir    string // the instance's data dir (artifacts)
-	Key        []byte // the instance's secret key
+	Dir        string         // the backup directory; created (0700) if missing, reused for incremental backups
+	ConnString string         // the instance's database
+	Source     string         // "embedded" or "database_url", recorded in the manifest
+	Data       datadir.Layout // the instance's data dir (artifacts, image layers)
+	Key        []byte         // the instance's secret key
 	// Exactly one of KeyOut (write the key to this file, outside Dir, mode 0600) and
 	// PassphraseFile (seal the key into Dir with the passphrase on this file's first line).
 	KeyOut         string
 	PassphraseFile string
-	// LayerDir is where an image version's layer lives (jobs.ImageLayerDir).
-	LayerDir     func(environmentID string, number int) string
-	BerthVersion string
-	Log          *slog.Logger
+	BerthVersion   string
+	Log            *slog.Logger
 }
 
 // Result is what a backup wrote.
@@ -210,7 +210,7 @@ func backupLayers(ctx context.Context, opts Options, bl blobs, prev Manifest, m 
 			kept = append(kept, l)
 			continue
 		}
-		dir := opts.LayerDir(l.EnvironmentID, l.Number)
+		dir := opts.Data.ImageLayer(l.EnvironmentID, l.Number)
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			// A version without its layer on disk cannot be restored either; say so in the log.
 			if opts.Log != nil {
@@ -232,7 +232,7 @@ func backupLayers(ctx context.Context, opts Options, bl blobs, prev Manifest, m 
 
 // backupArtifacts copies every artifact of <data dir>/artifacts that DIR does not hold yet.
 func backupArtifacts(opts Options, bl blobs, m *Manifest) error {
-	dir := filepath.Join(opts.DataDir, "artifacts")
+	dir := opts.Data.Artifacts()
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

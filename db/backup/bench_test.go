@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"berth/environment/datadir"
 )
 
 // BenchmarkBackup1000Runs: an instance with 1,000 finished runs (4 KB of log each), 200 artifacts
@@ -28,8 +30,8 @@ func BenchmarkBackup1000Runs(b *testing.B) {
 	}
 	keyOut := filepath.Join(b.TempDir(), "berth.key")
 	run := func(dir string) Manifest {
-		res, err := Backup(context.Background(), Options{Dir: dir, ConnString: w.conn, DataDir: w.data, Key: w.key,
-			KeyOut: keyOut, LayerDir: w.layerDirFn})
+		res, err := Backup(context.Background(), Options{Dir: dir, ConnString: w.conn, Data: datadir.At(w.data), Key: w.key,
+			KeyOut: keyOut})
 		if err != nil {
 			b.Fatal(err)
 		}

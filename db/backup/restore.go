@@ -1,6 +1,8 @@
 package backup
 
 import (
+	"berth/environment/datadir"
+
 	"context"
 	"errors"
 	"fmt"
@@ -15,9 +17,9 @@ import (
 
 // RestoreOptions configures Restore.
 type RestoreOptions struct {
-	Dir      string // the backup directory
-	Manifest string // a name under DIR/manifests; "" restores the latest backup
-	DataDir  string // the target data dir: absent or empty
+	Dir      string         // the backup directory
+	Manifest string         // a name under DIR/manifests; "" restores the latest backup
+	Data     datadir.Layout // the target data dir: absent or empty
 	// KeyFile (a --key-out file) or PassphraseFile (for DIR/secret.key.sealed); or EnvKey, the
 	// key BERTH_SECRET_KEY already gives the target instance (then no key file is written).
 	KeyFile, PassphraseFile string
@@ -26,9 +28,7 @@ type RestoreOptions struct {
 	// created (the embedded cluster starts inside it); it returns the connection string and a
 	// function that releases it.
 	OpenDatabase func(ctx context.Context) (string, func(), error)
-	// LayerDir is where an image version's layer goes (jobs.ImageLayerDir).
-	LayerDir func(environmentID string, number int) string
-	Log      *slog.Logger
+	Log          *slog.Logger
 }
 
 // Restored is what a restore did.
@@ -47,7 +47,7 @@ var ErrNotEmpty = errors.New("restore target is not empty")
 // and unpacks artifacts and layers. When it fails after the data dir was created it removes what
 // it wrote, so the target is empty again.
 func Restore(ctx context.Context, o RestoreOptions) (Restored, error) {
-	if err := emptyDir(o.DataDir); err != nil {
+	if err := emptyDir(o.Data.Root); err != nil {
 		return Restored{}, err
 	}
 	m, err := readManifest(o.Dir, o.Manifest)
@@ -74,15 +74,15 @@ func Restore(ctx context.Context, o RestoreOptions) (Restored, error) {
 	}
 
 	created := false
-	if _, err := os.Stat(o.DataDir); errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(o.Data.Root); errors.Is(err, os.ErrNotExist) {
 		created = true
 	}
-	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
+	if err := os.MkdirAll(o.Data.Root, 0o700); err != nil {
 		return Restored{}, fmt.Errorf("restore: %w", err)
 	}
 	out, err := restoreInto(ctx, o, m, key, bl)
 	if err != nil {
-		clearDir(o.DataDir, created)
+		clearDir(o.Data.Root, created)
 		return Restored{}, err
 	}
 	return out, nil
@@ -90,7 +90,7 @@ func Restore(ctx context.Context, o RestoreOptions) (Restored, error) {
 
 func restoreInto(ctx context.Context, o RestoreOptions, m Manifest, key []byte, bl blobs) (Restored, error) {
 	if o.EnvKey == nil {
-		if err := writeFileAtomic(filepath.Join(o.DataDir, "secret.key"), []byte(fmt.Sprintf("%x\n", key)), 0o600); err != nil {
+		if err := writeFileAtomic(o.Data.SecretKey(), []byte(fmt.Sprintf("%x\n", key)), 0o600); err != nil {
 			return Restored{}, fmt.Errorf("restore: secret key: %w", err)
 		}
 	}
@@ -163,11 +163,11 @@ func restoreLayer(ctx context.Context, o RestoreOptions, l ImageLayer, bl blobs)
 		return err
 	}
 	defer f.Close()
-	return unpackLayer(ctx, f, o.LayerDir(l.EnvironmentID, l.Number))
+	return unpackLayer(ctx, f, o.Data.ImageLayer(l.EnvironmentID, l.Number))
 }
 
 func restoreArtifacts(o RestoreOptions, m Manifest, bl blobs) error {
-	dir := filepath.Join(o.DataDir, "artifacts")
+	dir := o.Data.Artifacts()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
