@@ -284,7 +284,7 @@ http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever(
 	w := newServiceWorldDef(t, def)
 	w.deps.Executing = nil // no client id: the rows carry the node id
 	m := NewServices(w.deps)
-	defer m.Close()
+	defer m.Close() // Close is idempotent: the negative control below closes it first
 	if err := m.Start(ctx, w.svc.ID, false); err != nil {
 		t.Fatal(err)
 	}
@@ -304,6 +304,9 @@ http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever(
 		t.Fatalf("the sweep settled its own process's service: %+v", r)
 	}
 
+	// The negative control: this process goes away (its watcher would restart what the other
+	// sweep stops), and another process of the node sweeps.
+	m.Close()
 	other := w.deps
 	other.Executing = NewExecuting(w.deps.NodeID) // another process of the node
 	if err := (sweeper{deps: other, log: discardLog(), ins: ins}).sweepServices(ctx, false); err != nil {
