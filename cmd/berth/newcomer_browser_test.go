@@ -237,6 +237,8 @@ func TestBrowserNewcomerRoughEdges(t *testing.T) {
 
 	// The close card of a worktree with an open task and an unmerged commit: blocked, and no
 	// destructive way around what cannot be overridden.
+	// Finalize commits the run's change after the run ends: wait for it (a reload each time).
+	p.waitText(ws, `#close`, "1 commit on the task branch")
 	p.open(ws, `#close`)
 	p.has("the close card", `#close`, "Blocked", "Open tasks still bound")
 	p.lacks("the close card", `#close`, "open_tasks_bound", "ready_with_warnings", "unmerged_work", "ready to close")
