@@ -30,7 +30,14 @@ func (s sweeper) sweepServices(ctx context.Context, startup bool) error {
 	if err != nil {
 		return err
 	}
-	self := s.deps.supervisorID() // the id this process's Services writes on the rows it starts
+	self := s.deps.supervisorID()
+	if s.deps.Services != nil {
+		// The id this process's Services writes on the rows it starts: its own, which need not
+		// be the one these deps would give (a client built after the Services has a client id
+		// the Services never saw; the sweep then took its own services for an earlier process's
+		// and killed them, TestRuntimeServicesAPI's "a second start restarted the service").
+		self = s.deps.Services.supervisorID()
+	}
 	var errs []error
 	live := map[string]bool{}
 	for _, svc := range rows {

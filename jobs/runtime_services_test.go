@@ -303,6 +303,16 @@ http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever(
 	if r := w.row(); r.Status != db.ServiceRunning || r.Generation != before.Generation || r.PID != before.PID {
 		t.Fatalf("the sweep settled its own process's service: %+v", r)
 	}
+	// The same process whose River client was built after its Services (NewClient gives the
+	// client an id the Services never wrote): its sweep knows its services by the Services' id.
+	late := w.deps
+	late.Executing, late.Services = NewExecuting(w.deps.NodeID), m
+	if err := (sweeper{deps: late, log: discardLog(), ins: ins}).sweepServices(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if r := w.row(); r.Status != db.ServiceRunning || r.Generation != before.Generation || r.PID != before.PID {
+		t.Fatalf("the sweep of a client built after the Services settled their service: %+v", r)
+	}
 
 	// The negative control: this process goes away (its watcher would restart what the other
 	// sweep stops), and another process of the node sweeps.
