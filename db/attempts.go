@@ -21,6 +21,14 @@ const (
 	AttemptGroupDiscarded = "discarded"
 )
 
+// Where a decision's git side is (attempt_groups.refs_state): the select_attempts job moves the
+// refs after the request recorded the decision.
+const (
+	RefsPending = "pending"
+	RefsDone    = "done"
+	RefsFailed  = "failed"
+)
+
 // AttemptGroup is one attempt group row.
 type AttemptGroup struct {
 	ID                  string
@@ -36,17 +44,20 @@ type AttemptGroup struct {
 	SelectedWorkspaceID string
 	SelectedN           *int
 	ReplacedRef         string
+	RefsState           string // RefsPending, RefsDone or RefsFailed
+	RefsError           string // why the refs were not moved (failed, or a decision taken back)
+	Head                string // the commit the task branch was pointed at
 	CreatedAt           time.Time
 	DecidedAt           *time.Time
 }
 
 const attemptGroupColumns = `id, company_id, task_id, status, generation, count, command, base_ref, base_commit,
-	task_branch, coalesce(selected_workspace_id::text, ''), selected_n, replaced_ref, created_at, decided_at`
+	task_branch, coalesce(selected_workspace_id::text, ''), selected_n, replaced_ref, refs_state, refs_error, head, created_at, decided_at`
 
 func scanAttemptGroup(row pgx.Row) (AttemptGroup, error) {
 	var g AttemptGroup
 	err := row.Scan(&g.ID, &g.CompanyID, &g.TaskID, &g.Status, &g.Generation, &g.Count, &g.Command, &g.BaseRef,
-		&g.BaseCommit, &g.TaskBranch, &g.SelectedWorkspaceID, &g.SelectedN, &g.ReplacedRef, &g.CreatedAt, &g.DecidedAt)
+		&g.BaseCommit, &g.TaskBranch, &g.SelectedWorkspaceID, &g.SelectedN, &g.ReplacedRef, &g.RefsState, &g.RefsError, &g.Head, &g.CreatedAt, &g.DecidedAt)
 	return g, notFound(err)
 }
 
@@ -221,22 +232,81 @@ type Decision struct {
 	Status              string // AttemptGroupSelected or AttemptGroupDiscarded
 	SelectedWorkspaceID string
 	SelectedN           int
-	ReplacedRef         string
 }
 
-// DecideAttemptGroup records the decision on an open group at generation gen (bumping it);
-// anything else is ErrAttemptFenced.
+// DecideAttemptGroup records the decision on an open group at generation gen (bumping it), its
+// refs pending for the select_attempts job; anything else is ErrAttemptFenced.
 func DecideAttemptGroup(ctx context.Context, q Querier, id string, gen int64, d Decision) (AttemptGroup, error) {
 	var n *int
 	if d.SelectedN > 0 {
 		n = &d.SelectedN
 	}
 	g, err := scanAttemptGroup(q.QueryRow(ctx, `UPDATE attempt_groups SET status = $3, generation = generation + 1,
-			selected_workspace_id = $4, selected_n = $5, replaced_ref = $6, decided_at = now()
+			selected_workspace_id = $4, selected_n = $5, replaced_ref = '', refs_state = 'pending', refs_error = '', head = '',
+			decided_at = now()
 		WHERE id = $1 AND generation = $2 AND status = 'open' RETURNING `+attemptGroupColumns,
-		id, gen, d.Status, nullable(d.SelectedWorkspaceID), n, d.ReplacedRef))
+		id, gen, d.Status, nullable(d.SelectedWorkspaceID), n))
 	if errors.Is(err, ErrNotFound) {
 		return AttemptGroup{}, ErrAttemptFenced
+	}
+	return g, err
+}
+
+// AttemptGroupByID reads a company's group.
+func AttemptGroupByID(ctx context.Context, q Querier, companyID, id string) (AttemptGroup, error) {
+	if !validUUID(id) {
+		return AttemptGroup{}, ErrNotFound
+	}
+	return scanAttemptGroup(q.QueryRow(ctx, `SELECT `+attemptGroupColumns+` FROM attempt_groups
+		WHERE company_id = $1 AND id = $2`, companyID, id))
+}
+
+// LockAttemptGroup reads a company's group for update.
+func LockAttemptGroup(ctx context.Context, tx pgx.Tx, companyID, id string) (AttemptGroup, error) {
+	if !validUUID(id) {
+		return AttemptGroup{}, ErrNotFound
+	}
+	return scanAttemptGroup(tx.QueryRow(ctx, `SELECT `+attemptGroupColumns+` FROM attempt_groups
+		WHERE company_id = $1 AND id = $2 FOR UPDATE`, companyID, id))
+}
+
+// FinishAttemptRefs records that the refs of the decision at generation gen moved: the task
+// branch at head (empty for a discard), its earlier commit kept at replaced (or ""). A group at
+// another generation, or whose refs are done, is ErrAttemptFenced.
+func FinishAttemptRefs(ctx context.Context, q Querier, id string, gen int64, head, replaced string) (AttemptGroup, error) {
+	g, err := scanAttemptGroup(q.QueryRow(ctx, `UPDATE attempt_groups SET refs_state = 'done', refs_error = '', head = $3,
+			replaced_ref = $4
+		WHERE id = $1 AND generation = $2 AND refs_state <> 'done' RETURNING `+attemptGroupColumns, id, gen, head, replaced))
+	if errors.Is(err, ErrNotFound) {
+		return AttemptGroup{}, ErrAttemptFenced
+	}
+	return g, err
+}
+
+// FailAttemptRefs records that the select_attempts job gave up on the decision at generation gen
+// (the group stays decided; its refs are as the reason says). Fenced like FinishAttemptRefs.
+func FailAttemptRefs(ctx context.Context, q Querier, id string, gen int64, reason string) (AttemptGroup, error) {
+	g, err := scanAttemptGroup(q.QueryRow(ctx, `UPDATE attempt_groups SET refs_state = 'failed', refs_error = $3
+		WHERE id = $1 AND generation = $2 AND refs_state <> 'done' RETURNING `+attemptGroupColumns, id, gen, reason))
+	if errors.Is(err, ErrNotFound) {
+		return AttemptGroup{}, ErrAttemptFenced
+	}
+	return g, err
+}
+
+// ReopenAttemptGroup takes back the decision at generation gen whose refs could not move (nothing
+// moved): the group is open again at a new generation, with the reason. Fenced like
+// FinishAttemptRefs; ErrConflict when the task has another open group meanwhile.
+func ReopenAttemptGroup(ctx context.Context, q Querier, id string, gen int64, reason string) (AttemptGroup, error) {
+	g, err := scanAttemptGroup(q.QueryRow(ctx, `UPDATE attempt_groups SET status = 'open', generation = generation + 1,
+			selected_workspace_id = NULL, selected_n = NULL, replaced_ref = '', refs_state = 'done', refs_error = $3, head = '',
+			decided_at = NULL
+		WHERE id = $1 AND generation = $2 AND refs_state <> 'done' RETURNING `+attemptGroupColumns, id, gen, reason))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return AttemptGroup{}, ErrAttemptFenced
+	case isUniqueViolation(err):
+		return AttemptGroup{}, ErrConflict
 	}
 	return g, err
 }

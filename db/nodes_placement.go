@@ -39,6 +39,17 @@ func RunFinalizeNode(ctx context.Context, q Querier, id string) (string, error) 
 		FROM runs WHERE id = $1`, id)
 }
 
+// AttemptGroupNode is where attempt group id's decision moves its refs: the node holding the
+// chosen attempt's workspace (for a discard, the first open attempt's), which can detach a
+// worktree it holds; "" when none holds one.
+func AttemptGroupNode(ctx context.Context, q Querier, id string) (string, error) {
+	return placementNode(ctx, q, "attempt group", `SELECT coalesce((SELECT w.node_id FROM runs r
+			JOIN execution_workspaces w ON w.id = r.execution_workspace_id
+			WHERE r.attempt_group_id = g.id AND w.status <> 'closed'
+			ORDER BY w.id = g.selected_workspace_id DESC, r.attempt_n LIMIT 1), '')
+		FROM attempt_groups g WHERE g.id = $1`, id)
+}
+
 // WorkspaceNode is the node whose disk holds execution workspace id.
 func WorkspaceNode(ctx context.Context, q Querier, id string) (string, error) {
 	return placementNode(ctx, q, "execution workspace", `SELECT node_id FROM execution_workspaces WHERE id = $1`, id)

@@ -66,18 +66,23 @@ type attemptItemJSON struct {
 
 // attemptsJSON is an attempt group as the API returns it.
 type attemptsJSON struct {
-	GroupID             string            `json:"group_id"`
-	Generation          int64             `json:"generation"`
-	Status              string            `json:"status"` // running | sealed | selected | discarded
-	Count               int               `json:"count"`
-	BaseRef             string            `json:"base_ref"`
-	BaseCommit          string            `json:"base_commit"`
-	TaskBranch          string            `json:"task_branch"`
-	SelectedWorkspaceID *string           `json:"selected_workspace_id"`
-	ReplacedRef         *string           `json:"replaced_ref"`
-	CreatedAt           time.Time         `json:"created_at"`
-	DecidedAt           *time.Time        `json:"decided_at"`
-	Items               []attemptItemJSON `json:"items"`
+	GroupID             string  `json:"group_id"`
+	Generation          int64   `json:"generation"`
+	Status              string  `json:"status"` // running | sealed | selected | discarded
+	Count               int     `json:"count"`
+	BaseRef             string  `json:"base_ref"`
+	BaseCommit          string  `json:"base_commit"`
+	TaskBranch          string  `json:"task_branch"`
+	SelectedWorkspaceID *string `json:"selected_workspace_id"`
+	ReplacedRef         *string `json:"replaced_ref"`
+	// RefsState is where a decision's git side is: pending until select_attempts moved the refs,
+	// done, or failed (RefsError says why; it also says why a decision was taken back).
+	RefsState string            `json:"refs_state"`
+	RefsError *string           `json:"refs_error"`
+	Head      *string           `json:"head"` // the commit the task branch was pointed at
+	CreatedAt time.Time         `json:"created_at"`
+	DecidedAt *time.Time        `json:"decided_at"`
+	Items     []attemptItemJSON `json:"items"`
 }
 
 // attemptBranch is attempt n's branch: the task branch with -a{n} (git cannot hold berth/KEY and
@@ -87,7 +92,7 @@ func attemptBranch(taskBranch string, n int) string { return taskBranch + "-a" +
 func newAttemptsJSON(g db.AttemptGroup, items []db.AttemptItem) attemptsJSON {
 	out := attemptsJSON{GroupID: g.ID, Generation: g.Generation, Status: db.AttemptGroupState(g, items), Count: g.Count,
 		BaseRef: g.BaseRef, BaseCommit: g.BaseCommit, TaskBranch: g.TaskBranch, SelectedWorkspaceID: optional(g.SelectedWorkspaceID),
-		ReplacedRef: optional(g.ReplacedRef), CreatedAt: g.CreatedAt.UTC(), DecidedAt: utcPtr(g.DecidedAt),
+		ReplacedRef: optional(g.ReplacedRef), RefsState: g.RefsState, RefsError: optional(g.RefsError), Head: optional(g.Head), CreatedAt: g.CreatedAt.UTC(), DecidedAt: utcPtr(g.DecidedAt),
 		Items: make([]attemptItemJSON, 0, len(items))}
 	for _, it := range items {
 		branch := it.Branch
@@ -187,6 +192,9 @@ func (s *Server) createAttempts(ctx context.Context, r *http.Request, a access, 
 	if err != nil {
 		return db.AttemptGroup{}, err
 	}
+	if err := attemptsNotDeciding(ctx, s.pool, a.Company.ID, taskID); err != nil {
+		return db.AttemptGroup{}, err // before the branches are looked at: they are moving
+	}
 	var baseRef, base string
 	err = db.WithSourceLock(ctx, s.pool, a.Company.ID, pw.Source, func(ctx context.Context) error {
 		var err error
@@ -232,6 +240,9 @@ func (s *Server) createAttempts(ctx context.Context, r *http.Request, a access, 
 		} else if !errors.Is(err, db.ErrNotFound) {
 			return err
 		}
+		if err := attemptsNotDeciding(ctx, tx, a.Company.ID, taskID); err != nil {
+			return err
+		}
 		g, err = db.CreateAttemptGroup(ctx, tx, db.NewAttemptGroup{CompanyID: a.Company.ID, TaskID: taskID, Count: in.Count,
 			Command: command, BaseRef: baseRef, BaseCommit: base, TaskBranch: plan.Branch, CreatedBy: a.P.User.ID})
 		if errors.Is(err, db.ErrConflict) {
@@ -263,6 +274,23 @@ func (s *Server) createAttempts(ctx context.Context, r *http.Request, a access, 
 			"count": in.Count, "base_commit": base})
 	})
 	return g, err
+}
+
+// attemptsNotDeciding refuses new attempts while the last decision's refs are still moving
+// (409 attempts_deciding).
+func attemptsNotDeciding(ctx context.Context, q db.Querier, companyID, taskID string) error {
+	last, err := db.LatestAttemptGroup(ctx, q, companyID, taskID)
+	if errors.Is(err, db.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if last.RefsState == db.RefsPending {
+		return &httpError{Status: http.StatusConflict, Code: "attempts_deciding",
+			Message: "The last decision on this task's attempts is still moving their branches: start more once it is done."}
+	}
+	return nil
 }
 
 // taskAttemptsAPI is GET /api/tasks/{id}/attempts (readers): the task's newest attempt group.

@@ -2,25 +2,23 @@ package handlers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"berth/db"
 	"berth/jobs"
-	"berth/workspace"
 )
 
-// Deciding an attempt group (DESIGN §13): select points the task branch at the chosen attempt's
-// head, moves every other attempt's branch to refs/berth/discarded/{task_key}-a{n} and closes
-// their workspaces through the normal fenced close (close_workspace: services stopped, cleanup
-// command, rescue ref, worktree removed, ledger and audit); discard does the same to all of them.
-// Nothing is merged and the base is never written. Both are fenced by the group's generation:
-// the second decision is a 409.
+// Deciding an attempt group (DESIGN §13, docs/attempts.md): select records the chosen attempt,
+// discard records that none is; both are fenced by the group's generation (the second decision is
+// a 409) and answer at once, with the group's refs_state pending. The select_attempts job then
+// points the task branch at the chosen attempt's head, moves every other attempt's branch to
+// refs/berth/discarded/{task_key}-a{n} and closes their workspaces through the normal fenced
+// close, under the source's preparation lock (jobs/select_attempts.go). Nothing is merged and the
+// base is never written.
 
 // selectRequest is the body of POST /api/tasks/{id}/attempts/select.
 type selectRequest struct {
@@ -94,21 +92,15 @@ func errAttemptsDecided(g db.AttemptGroup) error {
 var errTaskBranchCheckedOut = &httpError{Status: http.StatusConflict, Code: "task_branch_checked_out",
 	Message: "The task branch is checked out in an open workspace: close that workspace first, then select again."}
 
-// decideAttempts selects the attempt in workspace chosen ("" discards them all) under the group's
-// row lock, at generation gen.
+// decideAttempts records the selection of the attempt in workspace chosen ("" discards them all)
+// under the group's row lock, at generation gen, and enqueues the select_attempts job that moves
+// the refs and closes the others (the group reads refs_state pending until it did).
 func (s *Server) decideAttempts(ctx context.Context, r *http.Request, a access, taskID string, gen int64, chosen string) (db.AttemptGroup, error) {
 	if s.jobs == nil {
 		return db.AttemptGroup{}, errRunsUnavailable
 	}
-	if s.workspaces == nil {
-		return db.AttemptGroup{}, errWorkspacesUnavailable
-	}
-	task, err := db.TaskByID(ctx, s.pool, a.Company.ID, taskID)
-	if err != nil {
-		return db.AttemptGroup{}, err
-	}
 	var g db.AttemptGroup
-	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
 		if g, err = db.LockLatestAttemptGroup(ctx, tx, a.Company.ID, taskID); errors.Is(err, db.ErrNotFound) {
 			return &httpError{Status: http.StatusNotFound, Code: "no_attempts", Message: "The task has no attempts."}
@@ -126,21 +118,17 @@ func (s *Server) decideAttempts(ctx context.Context, r *http.Request, a access, 
 			return &httpError{Status: http.StatusConflict, Code: "attempts_running",
 				Message: "Some attempts are still running or finalizing: decide once every attempt is sealed or has failed."}
 		}
-		var pick *db.AttemptItem
-		var discard []db.AttemptItem
-		for i, it := range items {
-			switch {
-			case chosen != "" && it.WorkspaceID == chosen:
-				pick = &items[i]
-			case it.WorkspaceID != "" && it.WorkspaceStatus != db.WorkspaceClosed && it.WorkspaceStatus != db.WorkspaceClosing:
-				discard = append(discard, it)
-			}
-		}
-		if chosen != "" && (pick == nil || !pick.Sealed) {
-			return invalid(map[string]string{"workspace_id": "Choose the workspace of a sealed attempt of this group."})
-		}
 		d := db.Decision{Status: db.AttemptGroupDiscarded}
-		if pick != nil {
+		if chosen != "" {
+			var pick *db.AttemptItem
+			for i, it := range items {
+				if it.WorkspaceID == chosen {
+					pick = &items[i]
+				}
+			}
+			if pick == nil || !pick.Sealed {
+				return invalid(map[string]string{"workspace_id": "Choose the workspace of a sealed attempt of this group."})
+			}
 			d = db.Decision{Status: db.AttemptGroupSelected, SelectedWorkspaceID: pick.WorkspaceID, SelectedN: pick.N}
 			if open, err := db.BranchOpen(ctx, tx, a.Company.ID, g.TaskBranch); err != nil {
 				return err
@@ -148,112 +136,22 @@ func (s *Server) decideAttempts(ctx context.Context, r *http.Request, a access, 
 				return errTaskBranchCheckedOut
 			}
 		}
-		sel, err := s.moveAttemptRefs(ctx, tx, a, task, g, pick, discard)
-		if err != nil {
-			return err
-		}
-		d.ReplacedRef = sel.Replaced
 		if g, err = db.DecideAttemptGroup(ctx, tx, g.ID, gen, d); errors.Is(err, db.ErrAttemptFenced) {
 			return errAttemptsDecided(g)
 		} else if err != nil {
 			return err
 		}
-		for _, it := range discard {
-			if err := s.discardAttempt(ctx, tx, r, a, it, sel.Rescue[it.Branch]); err != nil {
-				return err
-			}
+		if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.SelectAttemptsArgs{CompanyID: g.CompanyID, GroupID: g.ID, Generation: g.Generation}); err != nil {
+			return nodeUnavailable(err)
 		}
-		details := map[string]any{"group_id": g.ID, "generation": g.Generation, "discarded": len(discard)}
+		details := map[string]any{"group_id": g.ID, "generation": g.Generation}
 		action := "attempts.discarded"
-		if pick != nil {
-			action, details["n"], details["workspace_id"], details["head"] = "attempts.selected", pick.N, pick.WorkspaceID, sel.Head
+		if d.SelectedN > 0 {
+			action, details["n"], details["workspace_id"] = "attempts.selected", d.SelectedN, d.SelectedWorkspaceID
 		}
 		return s.auditTx(ctx, tx, r, a, action, "task", taskID, details)
 	})
 	return g, err
-}
-
-// moveAttemptRefs does the git side of a decision in the source repository of the group.
-func (s *Server) moveAttemptRefs(ctx context.Context, q db.Querier, a access, task db.Task, g db.AttemptGroup,
-	pick *db.AttemptItem, discard []db.AttemptItem) (workspace.Selected, error) {
-	pw, err := db.PrimaryProjectWorkspace(ctx, q, a.Company.ID, task.ProjectID)
-	if err != nil {
-		return workspace.Selected{}, err
-	}
-	gitDir, err := s.workspaces.SourceGitDir(ctx, pw.Source)
-	if err != nil {
-		return workspace.Selected{}, err
-	}
-	sel := workspace.Selection{GitDir: gitDir, TaskBranch: g.TaskBranch, Now: time.Now()}
-	if pick != nil {
-		sel.ChosenBranch = pick.Branch
-	}
-	for _, it := range discard {
-		sel.Discard = append(sel.Discard, workspace.Discard{Ref: it.WorkspaceRef, Branch: it.Branch,
-			RescueRef: "refs/berth/discarded/" + task.Key + "-a" + itoa64(int64(it.N))})
-	}
-	res, err := s.workspaces.SelectAttempt(ctx, sel)
-	if errors.Is(err, workspace.ErrBranchInUse) {
-		return res, errTaskBranchCheckedOut
-	}
-	return res, err
-}
-
-// discardAttempt records a discarded attempt's rescue ref, re-signs its receipt as discarded and
-// accepts the close of its workspace (close_workspace, fenced by the workspace's generation).
-func (s *Server) discardAttempt(ctx context.Context, tx pgx.Tx, r *http.Request, a access, it db.AttemptItem, rescue string) error {
-	if err := db.SetAttemptRescueRef(ctx, tx, it.RunID, rescue); err != nil {
-		return err
-	}
-	if err := s.resignDiscarded(ctx, tx, a, it.RunID); err != nil {
-		return err
-	}
-	ws, err := db.LockExecutionWorkspace(ctx, tx, a.Company.ID, it.WorkspaceID)
-	if err != nil {
-		return err
-	}
-	if ws.Status != db.WorkspaceReady && ws.Status != db.WorkspaceCleanupFailed {
-		return nil // closing, closed or failed already
-	}
-	var plan workspace.Plan
-	_ = json.Unmarshal(ws.Plan, &plan)
-	args := jobs.CloseWorkspaceArgs{CompanyID: ws.CompanyID, WorkspaceID: ws.ID, EnvironmentID: plan.EnvironmentID,
-		Rescue: true, Remove: true}
-	if plan.HostScriptsAllowed && ws.ProjectWorkspaceID != "" {
-		if pw, err := db.ProjectWorkspaceByID(ctx, tx, ws.CompanyID, ws.ProjectWorkspaceID); err == nil {
-			args.CleanupCommand = pw.CleanupCommand
-		}
-	}
-	if ws, err = db.BeginWorkspaceClose(ctx, tx, ws.ID, ws.Generation); err != nil {
-		return err
-	}
-	args.Generation = ws.Generation
-	if _, err := jobs.Enqueue(ctx, s.jobs, tx, args); err != nil {
-		return nodeUnavailable(err)
-	}
-	return s.auditTx(ctx, tx, r, a, "execution_workspace.close_requested", "execution_workspace", ws.ID,
-		map[string]any{"generation": ws.Generation, "reason": "attempt discarded", "rescue_ref": rescue,
-			"cleanup_command": args.CleanupCommand != "", "remove": true})
-}
-
-// resignDiscarded re-signs a discarded attempt's receipt with disposition discarded.
-func (s *Server) resignDiscarded(ctx context.Context, tx pgx.Tx, a access, runID string) error {
-	doc, err := db.ReceiptOf(ctx, tx, a.Company.ID, runID)
-	if errors.Is(err, db.ErrNotFound) || s.secrets == nil {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	rc, err := db.ParseReceipt(doc)
-	if err != nil {
-		return err
-	}
-	rc.Disposition = db.DispositionDiscarded
-	if doc, err = db.SignReceipt(s.secrets.ReceiptKey(), rc); err != nil {
-		return err
-	}
-	return db.SaveReceipt(ctx, tx, a.Company.ID, runID, rc.Disposition, doc)
 }
 
 func itoa64(n int64) string { return strconv.FormatInt(n, 10) }

@@ -26,6 +26,7 @@ func (s *Server) attemptsPage(w http.ResponseWriter, r *http.Request, p *princip
 	if err != nil {
 		return err
 	}
+	r = s.live(r, "task", id) // the compare page follows the task's runs and its group (docs/live.md)
 	task, err := db.TaskByID(ctx, s.pool, a.Company.ID, id)
 	if err != nil {
 		return err
@@ -108,7 +109,8 @@ func (s *Server) attemptsPanelData(ctx context.Context, a access, task db.Task, 
 // base (read from the branch, or the rescue ref once discarded), previews and receipt.
 func (s *Server) attemptsPageData(ctx context.Context, a access, task db.Task, g db.AttemptGroup, items []db.AttemptItem) (views.AttemptsPageData, error) {
 	d := views.AttemptsPageData{TaskID: task.ID, TaskKey: task.Key, TaskTitle: task.Title, GroupID: g.ID, Generation: g.Generation,
-		Status: db.AttemptGroupState(g, items), BaseCommit: g.BaseCommit, TaskBranch: g.TaskBranch, ReplacedRef: g.ReplacedRef}
+		Status: db.AttemptGroupState(g, items), BaseCommit: g.BaseCommit, TaskBranch: g.TaskBranch, ReplacedRef: g.ReplacedRef,
+		RefsState: g.RefsState, RefsError: g.RefsError}
 	d.CanDecide = a.canManage() && d.Status == "sealed"
 	gitDir := ""
 	if s.workspaces != nil {

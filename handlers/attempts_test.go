@@ -34,6 +34,20 @@ func (re *runEnv) waitAttempts(taskID, want string) map[string]any {
 	return nil
 }
 
+// waitRefs waits for the select_attempts job to carry out the task's recorded decision.
+func (re *runEnv) waitRefs(taskID string) map[string]any {
+	re.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if g := re.attemptsOf(taskID); g["refs_state"] != "pending" {
+			return g
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	re.t.Fatalf("the decision on the attempts of %s was not carried out: %v", taskID, re.attemptsOf(taskID))
+	return nil
+}
+
 func items(g map[string]any) []map[string]any {
 	var out []map[string]any
 	for _, it := range g["items"].([]any) {
@@ -149,13 +163,23 @@ func TestAttemptsForkSealSelect(t *testing.T) {
 	// Select a2.
 	gen := g["generation"]
 	code, sel := re.call(re.r.Board, http.MethodPost, "/api/tasks/"+task.ID+"/attempts/select", map[string]any{"workspace_id": a2, "generation": gen})
-	if code != http.StatusOK || sel["status"] != "selected" || sel["selected_workspace_id"] != a2 {
+	if code != http.StatusOK || sel["status"] != "selected" || sel["selected_workspace_id"] != a2 || sel["refs_state"] != "pending" {
 		t.Fatalf("select = %d %v", code, sel)
 	}
+	// New attempts wait for the decision's refs; then the job has moved them.
+	if code, out := re.call(re.r.Board, http.MethodPost, "/api/tasks/"+task.ID+"/attempts", map[string]any{"count": 2}); code != http.StatusConflict {
+		t.Fatalf("attempts during the decision = %d %v", code, out)
+	} else if c := taskErrorCode(out); c != "attempts_deciding" && c != "attempt_branch_exists" {
+		t.Fatalf("attempts during the decision = %s", c)
+	}
+	done := re.waitRefs(task.ID)
 	head, _ := re.gitOut("rev-parse", "refs/heads/berth/PRJ-1")
 	a2head, _ := re.gitOut("rev-parse", "refs/heads/berth/PRJ-1-a2")
-	if head == "" || head != a2head {
-		t.Fatalf("task branch at %q, a2 at %q", head, a2head)
+	if head == "" || head != a2head || done["refs_state"] != "done" || done["head"] != head {
+		t.Fatalf("task branch at %q, a2 at %q; group %v", head, a2head, done)
+	}
+	if n := re.count(`SELECT count(*) FROM audit_events WHERE action = 'attempts.refs_moved' AND details->>'head' = $1`, head); n != 1 {
+		t.Fatalf("%d attempts.refs_moved audit events", n)
 	}
 	for _, n := range []string{"1", "3"} {
 		if _, err := re.gitOut("rev-parse", "--verify", "refs/berth/discarded/PRJ-1-a"+n); err != nil {
@@ -221,6 +245,9 @@ func TestAttemptsSelectRefusedWhileTaskBranchCheckedOut(t *testing.T) {
 	code, out = re.call(re.r.Board, http.MethodPost, "/api/tasks/"+task.ID+"/attempts/discard", map[string]any{"generation": g["generation"]})
 	if code != http.StatusOK || out["status"] != "discarded" {
 		t.Fatalf("discard = %d %v", code, out)
+	}
+	if g := re.waitRefs(task.ID); g["refs_state"] != "done" || g["head"] != nil {
+		t.Fatalf("discarded group = %v", g)
 	}
 	for _, n := range []string{"1", "2"} {
 		if _, err := re.gitOut("rev-parse", "--verify", "refs/berth/discarded/PRJ-1-a"+n); err != nil {

@@ -29,7 +29,8 @@ const (
 
 // eventTopics are the topics migration 0012 sends (docs/live.md), and what a topic= filter may name.
 var eventTopics = map[string]bool{"run": true, "run_log": true, "operation": true, "lease": true, "service": true,
-	"workspace": true, "binding": true, "task": true, "work_product": true, "setup_session": true, "environment": true}
+	"workspace": true, "binding": true, "task": true, "work_product": true, "setup_session": true, "environment": true,
+	"attempts": true}
 
 // eventFilter is what one page wants of its companies' events (the /events query): every field
 // given must match.

@@ -24,8 +24,9 @@ import (
 //   - provision and execute_run leave a live run to the orphan sweep, which ends it
 //     failed/orphaned ("no_job") within quietAfter (sweep.go): only the sweep can tell a run with
 //     an outcome in the spool from one without;
-//   - close_workspace, reopen_workspace, runtime_service (start and restart) and probe_environment
-//     are settled by exhaustedMiddleware below, with the last error as the reason;
+//   - close_workspace, reopen_workspace, runtime_service (start and restart), select_attempts (the
+//     group's refs failed) and probe_environment are settled by exhaustedMiddleware below, with the
+//     last error as the reason;
 //   - the periodic kinds (sweep_orphans, expire_leases, expire_setup_sessions, housekeeping) own
 //     no object; the next period enqueues them again.
 //
@@ -117,6 +118,23 @@ func settleExhausted(ctx context.Context, d Deps, job *rivertype.JobRow, jobErr 
 			return db.InsertAudit(ctx, tx, db.AuditEvent{CompanyID: svc.CompanyID, ActorType: db.ActorSystem, ActorLabel: "berth",
 				Action: "runtime_service.start_failed", TargetType: "runtime_service", TargetID: svc.ID,
 				Details: map[string]any{"reason": reason}})
+		})
+	case (SelectAttemptsArgs{}).Kind():
+		var a SelectAttemptsArgs
+		if err := json.Unmarshal(job.EncodedArgs, &a); err != nil {
+			return err
+		}
+		return db.InTx(ctx, d.Pool, func(tx pgx.Tx) error {
+			g, err := db.FailAttemptRefs(ctx, tx, a.GroupID, a.Generation, reason)
+			if errors.Is(err, db.ErrAttemptFenced) {
+				return nil // moved after all, or taken back
+			}
+			if err != nil {
+				return err
+			}
+			return db.InsertAudit(ctx, tx, db.AuditEvent{CompanyID: g.CompanyID, ActorType: db.ActorSystem, ActorLabel: "berth",
+				Action: "attempts.refs_failed", TargetType: "task", TargetID: g.TaskID,
+				Details: map[string]any{"group_id": g.ID, "generation": g.Generation, "reason": reason}})
 		})
 	case (ProbeEnvironmentArgs{}).Kind():
 		var a ProbeEnvironmentArgs

@@ -113,9 +113,35 @@ func TestExhaustedJobsSettleTheirObjects(t *testing.T) {
 		t.Fatalf("probe cancelled: %s (%v)", e.Qualification, err)
 	}
 
+	// select_attempts: a decision whose refs never moved reads failed with the reason.
+	task, err := db.CreateTask(ctx, d.Pool, f.company, f.project, "", db.TaskFields{Title: "T", Command: "true", Trust: "standard",
+		WorkspaceMode: "inherit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := db.CreateAttemptGroup(ctx, d.Pool, db.NewAttemptGroup{CompanyID: f.company, TaskID: task.ID, Count: 2, Command: "true",
+		BaseRef: "refs/heads/main", BaseCommit: strings.Repeat("a", 40), TaskBranch: "berth/T-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err = db.DecideAttemptGroup(ctx, d.Pool, g.ID, g.Generation, db.Decision{Status: db.AttemptGroupDiscarded}); err != nil {
+		t.Fatal(err)
+	}
+	sel := SelectAttemptsArgs{CompanyID: f.company, GroupID: g.ID, Generation: g.Generation}
+	run("select_attempts", sel, 4, 5, boom)
+	if g, _ := db.AttemptGroupByID(ctx, d.Pool, f.company, g.ID); g.RefsState != db.RefsPending {
+		t.Fatalf("after a retried attempt: refs %s, want pending", g.RefsState)
+	}
+	run("select_attempts", sel, 5, 5, boom)
+	if g, _ := db.AttemptGroupByID(ctx, d.Pool, f.company, g.ID); g.RefsState != db.RefsFailed || !strings.Contains(g.RefsError, "gave up after 5 attempt(s) of select_attempts") ||
+		g.Status != db.AttemptGroupDiscarded {
+		t.Fatalf("select exhausted: %+v", g)
+	}
+
 	var audits int
 	if err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM audit_events WHERE action IN
-		('execution_workspace.cleanup_failed', 'execution_workspace.reopen_failed', 'runtime_service.start_failed')`).Scan(&audits); err != nil || audits != 3 {
-		t.Fatalf("%d audit events (%v), want 3", audits, err)
+		('execution_workspace.cleanup_failed', 'execution_workspace.reopen_failed', 'runtime_service.start_failed',
+		 'attempts.refs_failed')`).Scan(&audits); err != nil || audits != 4 {
+		t.Fatalf("%d audit events (%v), want 4", audits, err)
 	}
 }

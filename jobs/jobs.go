@@ -120,6 +120,10 @@ func Workers(d Deps) (*river.Workers, error) {
 	if err := river.AddWorkerSafely(w, &ReopenWorkspaceWorker{runWorker: rw}); err != nil {
 		return nil, fmt.Errorf("jobs: register reopen_workspace: %w", err)
 	}
+	// Attempt decisions' git side (select_attempts.go).
+	if err := river.AddWorkerSafely(w, &SelectAttemptsWorker{runWorker: rw}); err != nil {
+		return nil, fmt.Errorf("jobs: register select_attempts: %w", err)
+	}
 	// Environment probes (probe_environment.go).
 	if err := river.AddWorkerSafely(w, &ProbeEnvironmentWorker{runWorker: rw}); err != nil {
 		return nil, fmt.Errorf("jobs: register probe_environment: %w", err)

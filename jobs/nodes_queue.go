@@ -71,7 +71,8 @@ func Enqueue(ctx context.Context, ins Inserter, tx pgx.Tx, args river.JobArgs) (
 //     run that never got a workspace: any node;
 //   - runtime services: the service's workspace's node; close, reopen: the workspace's node;
 //   - cleanup_lease: the run's node while it lives, any node after its takeover;
-//   - capture_image: the node holding the session's scratch layer, when it works jobs.
+//   - capture_image: the node holding the session's scratch layer, when it works jobs;
+//   - select_attempts: the node holding the chosen (or first open) attempt's workspace.
 func Place(ctx context.Context, q pgx.Tx, args river.JobArgs) (string, error) {
 	switch a := args.(type) {
 	case ProvisionArgs:
@@ -90,6 +91,8 @@ func Place(ctx context.Context, q pgx.Tx, args river.JobArgs) (string, error) {
 		return db.LeaseCleanupNode(ctx, q, a.LeaseID)
 	case CaptureImageArgs:
 		return db.SetupSessionWorkNode(ctx, q, a.SessionID)
+	case SelectAttemptsArgs:
+		return db.AttemptGroupNode(ctx, q, a.GroupID)
 	}
 	return "", nil
 }

@@ -105,6 +105,8 @@ func TestBrowserAttemptsAndReceiptVerify(t *testing.T) {
 	}
 	screenshot(t, ctx, "attempts-compare")
 	browserStep(t, ctx, "select", chromedp.Click(chromedp.CSS(`#select-2`)), chromedp.WaitVisible(chromedp.CSS(`#attempt-2 #winner`)))
+	// The branches move in the select_attempts job; the page follows it live (attempts events).
+	browserStep(t, ctx, "selection carried out", chromedp.WaitVisible(chromedp.CSS(`#attempts-result`)))
 	rescue := evalString(t, ctx, `[...document.querySelectorAll('.rescue-ref')].map(e => e.textContent.trim()).join(' ')`)
 	if !strings.Contains(rescue, "refs/berth/discarded/") || strings.Count(rescue, "refs/berth/discarded/") != 2 ||
 		evalString(t, ctx, `document.querySelector('#group-status').textContent`) != "selected" {

@@ -170,7 +170,7 @@ func (s *Server) addAttemptTools() {
 		func(ctx context.Context, req *sdk.CallToolRequest, in taskInput) (*sdk.CallToolResult, any, error) {
 			return reply(s.call(ctx, req, Call{Method: http.MethodGet, Path: "/api/tasks/" + seg(in.TaskID) + "/attempts"}))
 		})
-	tool(s, "attempts_select", "Select one attempt (POST /api/tasks/{id}/attempts/select, board members): the task branch points at its head, the others become rescue refs and their workspaces close.",
+	tool(s, "attempts_select", "Select one attempt (POST /api/tasks/{id}/attempts/select, board members): the decision is recorded at once (refs_state pending); a job then points the task branch at its head, moves the others to rescue refs and closes their workspaces (attempts_compare shows refs_state done).",
 		func(ctx context.Context, req *sdk.CallToolRequest, in attemptsSelectInput) (*sdk.CallToolResult, any, error) {
 			body := map[string]any{"workspace_id": in.WorkspaceID, "generation": in.Generation}
 			return reply(s.call(ctx, req, Call{Method: http.MethodPost, Path: "/api/tasks/" + seg(in.TaskID) + "/attempts/select", Body: body}))
