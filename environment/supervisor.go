@@ -25,7 +25,7 @@ import (
 // execution workspace. The supervisor starts each in the jail profile of its environment, in a
 // process group of its own, with a reserved port, a 0600 log file and the variables below; it
 // waits for HTTP readiness and it stops a service as a whole: every process of it gone and its port
-// free. It keeps no database state: package jobs records what it reports.
+// free. It keeps no database state: package jobs/services records what it reports.
 
 // The variables every service process carries. ServiceVar is the tag that finds a service's
 // processes (adoption after a restart, stop, the orphan sweep); it is never BERTH_RUN_ID, so a

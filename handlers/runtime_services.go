@@ -10,6 +10,7 @@ import (
 
 	"berth/db"
 	"berth/jobs"
+	"berth/jobs/services"
 )
 
 // Runtime services of an execution workspace (docs/previews.md): the list shows one row per
@@ -185,7 +186,7 @@ func (s *Server) controlService(r *http.Request, a access, wsID, name, action st
 		if svc, err = db.SetRuntimeServiceDesired(ctx, tx, svc.ID, desired, runID); err != nil {
 			return err
 		}
-		if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.RuntimeServiceArgs{ServiceID: svc.ID, Action: action, Reason: jobs.StopRequested}); err != nil {
+		if _, err := jobs.Enqueue(ctx, s.jobs, tx, jobs.RuntimeServiceArgs{ServiceID: svc.ID, Action: action, Reason: services.StopRequested}); err != nil {
 			return err
 		}
 		return s.auditTx(ctx, tx, r, a, "runtime_service."+action, "runtime_service", svc.ID, map[string]any{"name": name})

@@ -24,6 +24,7 @@ import (
 	"berth/environment/oci/ocitest"
 	"berth/environment/plugincheck/plugintest"
 	"berth/jobs"
+	"berth/jobs/services"
 	"berth/workspace"
 
 	"berth/environment/datadir"
@@ -203,7 +204,7 @@ func TestRuntimeServiceOnPluginWithoutServices(t *testing.T) {
 		t.Fatalf("start = %d %v", code, out)
 	}
 	sv := pr.waitService(ws.ID, "web", "refused", func(sv map[string]any) bool { return sv["status"] == "failed" || sv["status"] == "running" })
-	if sv["status"] != "failed" || sv["stop_reason"] != jobs.StopServicesUnsupported ||
+	if sv["status"] != "failed" || sv["stop_reason"] != services.StopServicesUnsupported ||
 		!strings.Contains(sv["log_excerpt"].(string), "does not offer runtime services") {
 		t.Fatalf("service on a plugin without services = %v", sv)
 	}

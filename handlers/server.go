@@ -80,8 +80,8 @@ type Deps struct {
 	// Events fans this node's LISTEN berth_events out to GET /events streams (handlers/live); nil
 	// turns live pages off (GET /events is 404 and pages do not subscribe).
 	Events *live.Hub
-	// LocalServices is this node's runtime service supervisor (jobs.Services), which lets the
-	// preview proxy skip the service row while it runs here; nil reads the row per request.
+	// LocalServices is this node's runtime service supervisor (jobs/services.Supervisor), which
+	// lets the preview proxy skip the service row while it runs here; nil reads the row per request.
 	LocalServices LocalServices
 	// PreviewDomain is BERTH_PREVIEW_DOMAIN ("*.preview.example.com"): each service's preview
 	// origin is {id}.preview.example.com, served by this handler by Host. Empty: PreviewPorts.
@@ -98,8 +98,8 @@ type Deps struct {
 	// another node are forwarded to its internal listener; nil means a single node.
 	Nodes *Nodes
 	// DialService reaches port in an execution workspace's network on this node (its services
-	// listen in the workspace's namespace, not on the host: jobs.Services.DialService); nil dials
-	// 127.0.0.1:port on the host.
+	// listen in the workspace's namespace, not on the host: jobs/services.Supervisor.DialService);
+	// nil dials 127.0.0.1:port on the host.
 	DialService func(ctx context.Context, workspaceID string, port int) (net.Conn, error)
 	// OnEnvironmentChange hears of every change of an environment made through this node (its
 	// egress policy applies to the next connection: jobs.Egress.Invalidate); nil ignores them.

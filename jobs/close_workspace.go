@@ -16,6 +16,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/jobs/services"
 	"berth/workspace"
 )
 
@@ -129,7 +130,7 @@ func (w *CloseWorkspaceWorker) close(ctx context.Context, job *river.Job[CloseWo
 	a := job.Args
 	// Services stop first: nothing may serve from a tree that is being removed.
 	if w.deps.Services != nil {
-		if err := w.deps.Services.StopWorkspace(ctx, ws.CompanyID, ws.ID, StopWorkspaceClosed, false); err != nil {
+		if err := w.deps.Services.StopWorkspace(ctx, ws.CompanyID, ws.ID, services.StopWorkspaceClosed, false); err != nil {
 			return fmt.Errorf("stop the workspace's services: %w", err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/jobs/services"
 	"berth/workspace"
 )
 
@@ -90,8 +91,8 @@ func (w *FinalizeWorker) finalize(ctx context.Context, run db.Run) error {
 		}
 	}
 	if run.ExecutionWorkspaceID != "" && w.deps.Services != nil {
-		// on_run_finish services end with the run (runtime_services.go).
-		if err := w.deps.Services.StopWorkspace(ctx, run.CompanyID, run.ExecutionWorkspaceID, StopRunFinished, true); err != nil {
+		// on_run_finish services end with the run (package jobs/services).
+		if err := w.deps.Services.StopWorkspace(ctx, run.CompanyID, run.ExecutionWorkspaceID, services.StopRunFinished, true); err != nil {
 			return err
 		}
 	}

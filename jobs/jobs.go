@@ -20,6 +20,7 @@ import (
 	"berth/environment/datadir"
 	"berth/environment/jail"
 	"berth/environment/netns"
+	"berth/jobs/services"
 	"berth/workspace"
 )
 
@@ -58,9 +59,9 @@ type Deps struct {
 	// claim on NodeID (jobs/executing.go); NewClient makes one when it is nil. Pass the same one
 	// to SweepOrphans.
 	Executing *Executing
-	// Services runs this process's runtime services (runtime_services.go); Workers makes one
-	// when it is nil.
-	Services *Services
+	// Services runs this process's runtime services (package jobs/services, NewServices);
+	// Workers makes one when it is nil.
+	Services *services.Supervisor
 	// Admission, when set, observes each run's wait from its creation to the start of its
 	// command, in seconds, as the run starts (berth_run_admission_to_start_seconds on /metrics).
 	Admission Observer
@@ -140,7 +141,7 @@ func Workers(d Deps) (*river.Workers, error) {
 	if err := river.AddWorkerSafely(w, &ExpireSetupSessionsWorker{deps: d}); err != nil {
 		return nil, fmt.Errorf("jobs: register expire_setup_sessions: %w", err)
 	}
-	// Runtime services (runtime_services.go).
+	// Runtime services (runtime_services.go, package jobs/services).
 	if err := river.AddWorkerSafely(w, &RuntimeServiceWorker{deps: d}); err != nil {
 		return nil, fmt.Errorf("jobs: register runtime_service: %w", err)
 	}

@@ -153,6 +153,11 @@ func (w runWorker) driverFor(ctx context.Context, run db.Run) (environment.Drive
 	return environment.New(cfg, opts)
 }
 
+// environmentDriver builds the driver of a stored environment as a run of it gets it.
+func environmentDriver(ctx context.Context, d Deps, env db.Environment) (environment.Driver, error) {
+	return runWorker{deps: d}.driverFor(ctx, db.Run{CompanyID: env.CompanyID, EnvironmentID: env.ID})
+}
+
 // injectedBundle is the CA bundle for an environment whose credentials the proxy injects, else "".
 func injectedBundle(cfg environment.Config, e *Egress) string {
 	if !cfg.Injects() {

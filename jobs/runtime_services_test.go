@@ -2,327 +2,55 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
-	"io"
-	"net/http"
-	"os"
-	"path/filepath"
-	"strconv"
-	"syscall"
 	"testing"
-	"time"
 
 	"berth/db"
-	"berth/db/dbtest"
 	"berth/environment"
-	"berth/environment/jail"
-	"berth/environment/jail/jailtest"
-	"berth/workspace"
-
-	"berth/environment/datadir"
 )
 
-// serviceWorld is a ready shared workspace over a directory with an index.html, in a local
-// environment, whose project workspace defines the service "web" (python's http.server).
-type serviceWorld struct {
-	t    *testing.T
-	deps Deps
-	svc  db.RuntimeService
-	ws   db.ExecutionWorkspace
-}
-
-func newServiceWorld(t *testing.T) serviceWorld {
-	t.Helper()
-	return newServiceWorldDef(t, db.ServiceDefinition{Name: "web", Command: `exec /usr/bin/python3 -m http.server "$PORT" --bind 127.0.0.1`,
-		PortEnv: "PORT", HealthPath: "/", ReadyTimeoutS: 15, StopPolicy: "on_run_finish", Lifecycle: "ephemeral"})
-}
-
-// newServiceWorldDef is a service world whose one service is def.
-func newServiceWorldDef(t *testing.T, def db.ServiceDefinition) serviceWorld {
-	t.Helper()
-	ctx := context.Background()
-	h, err := jail.Detect(ctx)
-	if err != nil {
-		t.Fatalf("these tests need bubblewrap: %v", err)
-	}
-	pool := dbtest.New(t)
-	data, src := jailtest.Dir(t), jailtest.Dir(t)
-	if err := os.WriteFile(filepath.Join(src, "index.html"), []byte("preview of the workspace"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	mgr, err := workspace.NewManager(data, workspace.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := mgr.RealizeShared(ctx, src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := db.CreateCompany(ctx, pool, "Acme", "acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := db.CreateProject(ctx, pool, c.ID, db.ProjectFields{Name: "P", Key: "PRJ", Policy: db.ExecutionPolicy{
-		DefaultMode: "shared", Strategy: "copy", BranchTemplate: "berth/{task_key}"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := db.CreateEnvironment(ctx, pool, db.NewEnvironment{ID: randomUUID(), CompanyID: c.ID, Name: "local", Driver: "local", Config: []byte(`{}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pw, err := db.CreateProjectWorkspace(ctx, pool, c.ID, p.ID, db.ProjectWorkspaceFields{Name: "main", SourceType: "directory",
-		Source: src, Services: []db.ServiceDefinition{def}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan, _ := json.Marshal(workspace.Plan{EnvironmentID: env.ID, ServicesAllowed: true})
-	ws, err := db.CreateExecutionWorkspace(ctx, pool, db.NewExecutionWorkspace{CompanyID: c.ID, ProjectID: p.ID,
-		ProjectWorkspaceID: pw.ID, Mode: "shared", Strategy: "shared", Trust: "standard", Ref: res.Ref, Plan: plan})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ws, err = db.MarkExecutionWorkspaceReady(ctx, pool, ws.ID, ws.Generation, db.Realized{}); err != nil {
-		t.Fatal(err)
-	}
-	node := "svc-" + randomUUID()[:8]
-	d := Deps{Pool: pool, Log: discardLog(), Workspaces: mgr, NodeID: node, Data: datadir.At(data), Jail: &h, Masks: []string{data},
-		Executing: NewExecuting(node)}
-	svc, err := db.EnsureRuntimeService(ctx, pool, c.ID, ws.ID, pw.ID, def)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if svc, err = db.SetRuntimeServiceDesired(ctx, pool, svc.ID, db.DesiredRunning, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = environment.StopService(context.Background(), svc.ID, 0, 0, time.Second) })
-	return serviceWorld{t: t, deps: d, svc: svc, ws: ws}
-}
-
-func (w serviceWorld) row() db.RuntimeService {
-	w.t.Helper()
-	s, err := db.RuntimeServiceByID(context.Background(), w.deps.Pool, w.svc.CompanyID, w.svc.ID)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return s
-}
-
-func get(t *testing.T, port int) string {
-	t.Helper()
-	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/index.html")
-	if err != nil {
-		t.Fatalf("GET: %v", err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
-}
-
-// servers counts the service's server processes (its jails' bubblewrap processes aside).
-func servers(t *testing.T, id string) int {
-	t.Helper()
-	m, err := environment.TaggedServices(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, pid := range m[id] {
-		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); len(b) > 0 && string(b[:len(b)-1]) != "bwrap" {
-			n++
-		}
-	}
-	return n
-}
-
-// TestServicesLifecycle: start → running + healthy with pid, start time, a preview_url work
-// product and a ledger step; a second start changes nothing; a crash (SIGKILL of the jail) while
-// it should run → restarted on the same row, id and port; finalize's on_run_finish stop → stopped
-// with the port free and nothing left.
-func TestServicesLifecycle(t *testing.T) {
+// TestSweepEnqueuesServiceStart: the services part of the sweep is services.Reconcile with this
+// node's start jobs: a row left starting by a supervisor that is gone is settled stopped, and the
+// start it still wants lands as one runtime_service job (through jobs.Enqueue). The supervisor's
+// own behaviour is tested in package jobs/services.
+func TestSweepEnqueuesServiceStart(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	w := newServiceWorld(t)
-	m := NewServices(w.deps)
-	defer m.Close()
-	if err := m.Start(ctx, w.svc.ID, false); err != nil {
+	w := newSweepWorld(t)
+	def := db.ServiceDefinition{Name: "web", Command: "true", PortEnv: "PORT", HealthPath: "/", ReadyTimeoutS: 5,
+		StopPolicy: "manual", Lifecycle: "ephemeral"}
+	pw, err := db.CreateProjectWorkspace(ctx, w.pool, w.company, w.project, db.ProjectWorkspaceFields{Name: "main",
+		SourceType: "directory", Source: t.TempDir(), Services: []db.ServiceDefinition{def}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	s := w.row()
-	if s.Status != db.ServiceRunning || s.Health != db.HealthHealthy || s.PID == 0 || s.ProcessStart == 0 || s.Generation != 1 {
-		t.Fatalf("after start: %+v", s)
-	}
-	if got := get(t, s.Port); got != "preview of the workspace" {
-		t.Fatalf("served %q", got)
-	}
-	if err := m.Start(ctx, w.svc.ID, false); err != nil || w.row().Generation != 1 {
-		t.Fatalf("a second start restarted it: %v", err)
-	}
-	var products, ops int
-	_ = w.deps.Pool.QueryRow(ctx, `SELECT count(*) FROM work_products WHERE kind = 'preview_url' AND url = $1`, "/preview/"+s.ID+"/").Scan(&products)
-	_ = w.deps.Pool.QueryRow(ctx, `SELECT count(*) FROM workspace_operations WHERE phase = 'service_start' AND status = 'succeeded'`).Scan(&ops)
-	if products != 1 || ops != 1 {
-		t.Fatalf("preview work products %d, service_start steps %d", products, ops)
-	}
-
-	// A crash while it should run: restarted (after the backoff) on the same row and port.
-	if err := syscall.Kill(s.PID, syscall.SIGKILL); err != nil {
+	svc, err := db.EnsureRuntimeService(ctx, w.pool, w.company, w.space, pw.ID, def)
+	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		r := w.row()
-		if r.Status == db.ServiceRunning && r.Generation == 2 {
-			if r.ID != s.ID || r.Port != s.Port || r.Restarts != 1 || r.PID == s.PID {
-				t.Fatalf("restart changed identity: %+v (was %+v)", r, s)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no restart after a crash: %+v", r)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := servers(t, s.ID); n != 1 {
-		t.Fatalf("%d servers after the crash restart, want 1", n)
-	}
-
-	if err := m.StopWorkspace(ctx, s.CompanyID, s.ExecutionWorkspaceID, StopRunFinished, true); err != nil {
+	if _, err := db.SetRuntimeServiceDesired(ctx, w.pool, svc.ID, db.DesiredRunning, ""); err != nil {
 		t.Fatal(err)
 	}
-	r := w.row()
-	if r.Status != db.ServiceStopped || r.DesiredState != db.DesiredStopped || r.StopReason != StopRunFinished || r.PID != 0 {
-		t.Fatalf("after stop: %+v", r)
-	}
-	if n := servers(t, s.ID); n != 0 || !environment.PortFree(s.Port) {
-		t.Fatalf("after stop: %d servers, port free %v", n, environment.PortFree(s.Port))
-	}
-}
-
-// TestServicesAfterRestart: a Berth process goes away (its Services stop watching) and the
-// server is SIGKILLed under the running preview; the next process's startup sweep settles the
-// row (never running on a dead port) and enqueues a start, which brings up exactly one server.
-// A server that is still alive, still the recorded process and healthy is adopted instead.
-func TestServicesAfterRestart(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	w := newServiceWorld(t)
-	old := NewServices(w.deps)
-	if err := old.Start(ctx, w.svc.ID, false); err != nil {
+	port, err := environment.ReservePort(0, func(int) bool { return false })
+	if err != nil {
 		t.Fatal(err)
 	}
-	first := w.row()
-
-	// The process "restarts" while the server lives: the sweep adopts it.
-	old.Close()
-	d2 := w.deps
-	d2.Executing = NewExecuting(w.deps.NodeID)
-	if err := sweepOrphans(ctx, d2, true); err != nil {
+	if _, err := db.MarkRuntimeServiceStarting(ctx, w.pool, svc.ID, db.ServiceStart{Port: port, NodeID: "n1",
+		SupervisorID: "n1@gone", Command: def.Command}); err != nil {
 		t.Fatal(err)
 	}
-	if r := w.row(); r.Status != db.ServiceRunning || r.PID != first.PID || r.Generation != first.Generation {
-		t.Fatalf("a live, healthy, recorded server was not adopted: %+v", r)
-	}
-
-	// Now the server dies with nobody watching: the next startup sweep settles the row.
-	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+	d := Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: NewExecuting("n1")}
+	if err := (sweeper{deps: d, log: discardLog(), ins: w.ins}).sweepServices(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
-	d3 := w.deps
-	d3.Executing = NewExecuting(w.deps.NodeID)
-	if err := sweepOrphans(ctx, d3, true); err != nil {
+	r, err := db.RuntimeServiceForProxy(ctx, w.pool, svc.ID)
+	if err != nil {
 		t.Fatal(err)
 	}
-	r := w.row()
-	if r.Status != db.ServiceStopped || r.StopReason != stopSupervisorGone || r.DesiredState != db.DesiredRunning {
+	if r.Status != db.ServiceStopped || r.StopReason != "supervisor_gone" || r.DesiredState != db.DesiredRunning {
 		t.Fatalf("after the sweep: %+v", r)
 	}
-	var jobs int
-	_ = w.deps.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = 'runtime_service' AND args->>'service_id' = $1`, r.ID).Scan(&jobs)
-	if jobs != 1 {
-		t.Fatalf("%d start jobs enqueued, want 1", jobs)
-	}
-	// The start job, run by the new process.
-	d3.Services = NewServices(d3)
-	defer d3.Services.Close()
-	if err := (&RuntimeServiceWorker{deps: d3}).deps.Services.Start(ctx, r.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	r = w.row()
-	if r.Status != db.ServiceRunning || r.ID != first.ID || servers(t, r.ID) != 1 {
-		t.Fatalf("after the restart: %+v with %d servers", r, servers(t, r.ID))
-	}
-	if got := get(t, r.Port); got != "preview of the workspace" {
-		t.Fatalf("served %q", got)
-	}
-	if err := d3.Services.Stop(ctx, r.ID, ""); err != nil {
-		t.Fatal(err)
-	}
-	if n := servers(t, r.ID); n != 0 {
-		t.Fatalf("%d servers after stop", n)
-	}
-}
-
-// TestSweepLeavesItsOwnServices: the sweep leaves the services this very process supervises to
-// their watchers, also when the process has no River client id (its rows then carry the node
-// id), even if "/" does not answer as the sweep's liveness check wants; a service of another
-// supervisor in the same state is settled (the negative control). The sweep once read its own
-// id as "" there and SIGTERMed a service half a second into its life (TestRuntimeServicesAPI).
-func TestSweepLeavesItsOwnServices(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	// Healthy on /ok (its health path), 503 on / (what the sweep checks of a service it adopts).
-	def := db.ServiceDefinition{Name: "web", Command: `exec /usr/bin/python3 -c '
-import http.server, os
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/ok" else 503)
-        self.end_headers()
-http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()'`,
-		PortEnv: "PORT", HealthPath: "/ok", ReadyTimeoutS: 15, StopPolicy: "manual", Lifecycle: "ephemeral"}
-	w := newServiceWorldDef(t, def)
-	w.deps.Executing = nil // no client id: the rows carry the node id
-	m := NewServices(w.deps)
-	defer m.Close() // Close is idempotent: the negative control below closes it first
-	if err := m.Start(ctx, w.svc.ID, false); err != nil {
-		t.Fatal(err)
-	}
-	before := w.row()
-	if before.Status != db.ServiceRunning || before.SupervisorID != w.deps.NodeID {
-		t.Fatalf("after start: %+v", before)
-	}
-	ins, err := NewClient(w.deps, ClientOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	own := sweeper{deps: w.deps, log: discardLog(), ins: ins}
-	if err := own.sweepServices(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	if r := w.row(); r.Status != db.ServiceRunning || r.Generation != before.Generation || r.PID != before.PID {
-		t.Fatalf("the sweep settled its own process's service: %+v", r)
-	}
-	// The same process whose River client was built after its Services (NewClient gives the
-	// client an id the Services never wrote): its sweep knows its services by the Services' id.
-	late := w.deps
-	late.Executing, late.Services = NewExecuting(w.deps.NodeID), m
-	if err := (sweeper{deps: late, log: discardLog(), ins: ins}).sweepServices(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	if r := w.row(); r.Status != db.ServiceRunning || r.Generation != before.Generation || r.PID != before.PID {
-		t.Fatalf("the sweep of a client built after the Services settled their service: %+v", r)
-	}
-
-	// The negative control: this process goes away (its watcher would restart what the other
-	// sweep stops), and another process of the node sweeps.
-	m.Close()
-	other := w.deps
-	other.Executing = NewExecuting(w.deps.NodeID) // another process of the node
-	if err := (sweeper{deps: other, log: discardLog(), ins: ins}).sweepServices(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	if r := w.row(); r.Status != db.ServiceStopped || r.StopReason != stopSupervisorGone {
-		t.Fatalf("another supervisor's sweep left an unanswering service: %+v", r)
+	if n := w.count(`SELECT count(*) FROM river_job WHERE kind = 'runtime_service' AND args->>'service_id' = $1
+		AND args->>'action' = 'start'`, svc.ID); n != 1 {
+		t.Fatalf("%d start jobs enqueued, want 1", n)
 	}
 }

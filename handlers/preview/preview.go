@@ -55,8 +55,8 @@ type Auth interface {
 	Allowed(ctx context.Context, v Viewer, svc db.RuntimeService) error
 }
 
-// LocalServices is the runtime services this node's supervisor runs (jobs.Services); nil on a
-// node without workers.
+// LocalServices is the runtime services this node's supervisor runs (jobs/services.Supervisor);
+// nil on a node without workers.
 type LocalServices interface {
 	// Serving is the port service id's live process listens on, false when this node runs none.
 	Serving(id string) (port int, ok bool)

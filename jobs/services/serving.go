@@ -1,4 +1,4 @@
-package jobs
+package services
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 // Serving is the port service id's process listens on while this process's supervisor runs it
 // and it has not exited; false otherwise. The preview proxy uses it to trust a cached service row
 // (handlers/preview/cache.go).
-func (m *Services) Serving(id string) (int, bool) {
+func (m *Supervisor) Serving(id string) (int, bool) {
 	if p, ok := m.sup.Running(id); ok {
 		return p.Port, true
 	}
@@ -22,8 +22,8 @@ func (m *Services) Serving(id string) (int, bool) {
 // DialService connects to port in execution workspace workspaceID's network on this node: its
 // namespace while a jail of it lives (services listen there, not on the host), else the host's
 // loopback (an uncontained service, a node that has no namespaces, or a service of a plugin
-// environment, which the plugin published on the host's loopback: runtime_services_plugin.go).
-func (m *Services) DialService(ctx context.Context, workspaceID string, port int) (net.Conn, error) {
+// environment, which the plugin published on the host's loopback: plugin.go).
+func (m *Supervisor) DialService(ctx context.Context, workspaceID string, port int) (net.Conn, error) {
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	if m.deps.Networks != nil && !m.remoteFor(workspaceID, port) {
 		if c, err := m.deps.Networks.Dial(ctx, workspaceID, "tcp", addr); err == nil {

@@ -1,4 +1,4 @@
-package jobs
+package services
 
 import (
 	"context"
@@ -39,7 +39,7 @@ type remoteService struct {
 }
 
 // remoteRunning is the port of plugin service id while this process runs it.
-func (m *Services) remoteRunning(id string) (remoteService, bool) {
+func (m *Supervisor) remoteRunning(id string) (remoteService, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, ok := m.remote[id]
@@ -47,7 +47,7 @@ func (m *Services) remoteRunning(id string) (remoteService, bool) {
 }
 
 // remoteFor reports whether port of workspace workspaceID is a plugin service this process runs.
-func (m *Services) remoteFor(workspaceID string, port int) bool {
+func (m *Supervisor) remoteFor(workspaceID string, port int) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, r := range m.remote {
@@ -60,7 +60,7 @@ func (m *Services) remoteFor(workspaceID string, port int) bool {
 
 // cannotStart settles a service that cannot start at all (the row says why; a retry would say
 // the same, so the job is cancelled).
-func (m *Services) cannotStart(ctx context.Context, svc db.RuntimeService, err error) error {
+func (m *Supervisor) cannotStart(ctx context.Context, svc db.RuntimeService, err error) error {
 	reason := "cannot_start"
 	if errors.Is(err, environment.ErrServicesUnsupported) {
 		reason = StopServicesUnsupported
@@ -71,14 +71,17 @@ func (m *Services) cannotStart(ctx context.Context, svc db.RuntimeService, err e
 	return errors.Join(e, river.JobCancel(err))
 }
 
-// environmentDriver builds the driver of a stored environment as a run of it gets it.
-func environmentDriver(ctx context.Context, d Deps, env db.Environment) (environment.Driver, error) {
-	return runWorker{deps: d}.driverFor(ctx, db.Run{CompanyID: env.CompanyID, EnvironmentID: env.ID})
+// driver builds the driver of a stored environment as a run of it gets it (Deps.Driver).
+func (d Deps) driver(ctx context.Context, env db.Environment) (environment.Driver, error) {
+	if d.Driver == nil {
+		return nil, fmt.Errorf("environment %s: this process builds no drivers", env.Name)
+	}
+	return d.Driver(ctx, env)
 }
 
 // startRemote starts svc on an instance of its plugin environment env; the caller holds its lock.
-func (m *Services) startRemote(ctx context.Context, svc db.RuntimeService, spec environment.ServiceSpec, def db.ServiceDefinition, env db.Environment) error {
-	drv, err := environmentDriver(ctx, m.deps, env)
+func (m *Supervisor) startRemote(ctx context.Context, svc db.RuntimeService, spec environment.ServiceSpec, def db.ServiceDefinition, env db.Environment) error {
+	drv, err := m.deps.driver(ctx, env)
 	if err != nil {
 		return m.cannotStart(ctx, svc, err)
 	}
@@ -146,7 +149,7 @@ func (m *Services) startRemote(ctx context.Context, svc db.RuntimeService, spec 
 }
 
 // stopRemote stops a plugin service and releases its instance (bounded by remoteStopTimeout).
-func (m *Services) stopRemote(ctx context.Context, svc db.RuntimeService) error {
+func (m *Supervisor) stopRemote(ctx context.Context, svc db.RuntimeService) error {
 	err := stopRemoteService(ctx, m.deps, svc)
 	if err == nil {
 		m.mu.Lock()
@@ -173,7 +176,7 @@ func stopRemoteService(ctx context.Context, d Deps, svc db.RuntimeService) error
 	if err != nil {
 		return fmt.Errorf("stop service: the workspace's environment: %w", err)
 	}
-	drv, err := environmentDriver(ctx, d, env)
+	drv, err := d.driver(ctx, env)
 	if err != nil {
 		return fmt.Errorf("stop service: %w", err)
 	}
