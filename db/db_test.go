@@ -3,6 +3,7 @@ package db_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -151,6 +152,26 @@ func TestSealer(t *testing.T) {
 	}
 	if _, err := db.NewSealer([]byte("short")); err == nil {
 		t.Fatal("short key accepted")
+	}
+}
+
+// TestSealerOpensExisting pins the format: a value sealed before (version byte, nonce,
+// AES-256-GCM with the row as associated data) still opens, and only for its row.
+func TestSealerOpensExisting(t *testing.T) {
+	t.Parallel()
+	s, err := db.NewSealer(bytes.Repeat([]byte{1}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := hex.DecodeString("01c7ee6462e8fd6d5bf28da1f9ae9254ceafbe36ca349732876ee9458a96b76f7536544f98f4acac")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pt, err := s.Open(sealed, "environment:1"); err != nil || string(pt) != "private key" {
+		t.Fatalf("open = %q, %v", pt, err)
+	}
+	if _, err := s.Open(sealed, "environment:2"); !errors.Is(err, db.ErrUnseal) {
+		t.Fatalf("open with another row's aad: %v", err)
 	}
 }
 

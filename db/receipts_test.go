@@ -2,6 +2,7 @@ package db_test
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"testing"
 
@@ -46,5 +47,48 @@ func TestReceiptSignature(t *testing.T) {
 		if _, err := db.VerifyReceipt(k, d); !errors.Is(err, db.ErrBadSignature) {
 			t.Errorf("%s: %v, want ErrBadSignature", name, err)
 		}
+	}
+}
+
+// TestReceiptSignatureStable pins the bytes: a receipt signed with a fixed secret key is this
+// exact document, and that document verifies. A change to the key derivation, the canonical
+// form or the stored encoding fails here before it strands the receipts already stored.
+func TestReceiptSignatureStable(t *testing.T) {
+	t.Parallel()
+	key := db.DeriveReceiptKey(bytes.Repeat([]byte{7}, 32))
+	if got := hex.EncodeToString(key); got != "39d4950cbebf64efc5d397168d8683fbf94f0468ffc9cf12ad5f0199ce4de1cc" {
+		t.Fatalf("derived key %s changed", got)
+	}
+	const want = `{
+  "run_id": "r",
+  "task_id": "t",
+  "workspace_ref": null,
+  "base_commit": null,
+  "base_tree_digest": null,
+  "final_tree_digest": "sha256:abc",
+  "capsule_digest": null,
+  "image_digest": null,
+  "environment_fingerprint": null,
+  "command": "echo \u003ca\u003e \u0026 b",
+  "exit_code": 0,
+  "status": "succeeded",
+  "started_at": null,
+  "finished_at": null,
+  "node_id": "n",
+  "disposition": "committed",
+  "signature": "hmac-sha256:e54c076cb26b5e6ac7d5aa2702271c3499e3c1112184d1f6a7a5f5d31ccb6334"
+}
+`
+	exit, digest := 0, "sha256:abc"
+	doc, err := db.SignReceipt(key, db.Receipt{RunID: "r", TaskID: "t", Command: "echo <a> & b", ExitCode: &exit,
+		Status: "succeeded", FinalTreeDigest: &digest, NodeID: "n", Disposition: db.DispositionCommitted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(doc) != want {
+		t.Fatalf("signed document changed:\n%s", doc)
+	}
+	if _, err := db.VerifyReceipt(key, []byte(want)); err != nil {
+		t.Fatalf("the stored document no longer verifies: %v", err)
 	}
 }
