@@ -31,9 +31,6 @@ func DeriveReceiptKey(secret []byte) []byte {
 	return k
 }
 
-// ReceiptKey is the key receipts are signed with on this instance.
-func (s *Sealer) ReceiptKey() []byte { return s.receiptKey }
-
 // Receipt dispositions: what became of a run's result.
 const (
 	DispositionCommitted = "committed" // committed on the workspace's branch

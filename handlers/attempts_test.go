@@ -136,7 +136,7 @@ func TestAttemptsForkSealSelect(t *testing.T) {
 	}
 
 	// Receipts: each verifies under the instance's key; one changed byte does not.
-	key := re.srv.secrets.ReceiptKey()
+	key := re.srv.receiptKey
 	for _, it := range its {
 		resp := re.do(re.client(), http.MethodGet, "/api/runs/"+it["run_id"].(string)+"/receipt", nil,
 			map[string]string{"Authorization": "Bearer " + re.r.Viewer.Token})

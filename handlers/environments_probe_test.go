@@ -41,7 +41,7 @@ func withProbeWorkers(t *testing.T) func(*Deps) {
 			t.Fatal(err)
 		}
 		client, err := jobs.NewClient(jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			NodeID: "test", Secrets: d.Secrets, HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, Data: datadir.At(dataDir)},
+			NodeID: "test", Secrets: d.Secrets, ReceiptKey: d.ReceiptKey, HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, Data: datadir.At(dataDir)},
 			jobs.ClientOptions{Work: true, MaxWorkers: 2})
 		if err != nil {
 			t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"berth/db"
+	"berth/environment/seal"
 )
 
 // envKeys is a fresh ed25519 key pair: the private key as PEM, the public key as an
@@ -400,7 +401,7 @@ func TestEnvironmentSecretsNeverLeak(t *testing.T) {
 			t.Fatalf("sealed secrets lost %q", s)
 		}
 	}
-	if _, err := e.srv.secrets.Open(sealed, "environment:"+r.B.ID); !errors.Is(err, db.ErrUnseal) {
+	if _, err := e.srv.secrets.Open(sealed, "environment:"+r.B.ID); !errors.Is(err, seal.ErrUnseal) {
 		t.Fatalf("sealed secrets opened with another row's AAD: %v", err)
 	}
 	if len(seen) == 0 {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"berth/db"
+	"berth/environment/seal"
 	"berth/static"
 	"berth/workspace"
 )
@@ -25,12 +26,13 @@ func (e *testEnv) ownerNode(id string, mgr *workspace.Manager) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	sealer, err := db.NewSealer(bytes.Repeat([]byte{7}, 32))
+	secret := bytes.Repeat([]byte{7}, 32)
+	sealer, err := seal.New(secret)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	base, _ := url.Parse(e.ts.URL)
-	srv, err := New(Deps{Pool: e.pool, Assets: assets, Secrets: sealer, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	srv, err := New(Deps{Pool: e.pool, Assets: assets, Secrets: sealer, ReceiptKey: db.DeriveReceiptKey(secret), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		BaseURL: base, Version: "test", Nodes: &Nodes{Self: id, Key: nodeTestKey}, Workspaces: mgr})
 	if err != nil {
 		e.t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"berth/db"
 	"berth/db/dbtest"
+	"berth/environment/seal"
 	"berth/static"
 )
 
@@ -41,11 +42,12 @@ func setup(t testing.TB, opts ...func(*Deps)) *testEnv {
 	}
 	ts := httptest.NewUnstartedServer(nil)
 	base, _ := url.Parse("http://" + ts.Listener.Addr().String())
-	sealer, err := db.NewSealer(bytes.Repeat([]byte{7}, 32))
+	secret := bytes.Repeat([]byte{7}, 32)
+	sealer, err := seal.New(secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := Deps{Pool: pool, Assets: assets, Secrets: sealer, SourceRoots: []string{os.TempDir(), "/var/tmp"}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), BaseURL: base, Version: "test"}
+	d := Deps{Pool: pool, Assets: assets, Secrets: sealer, ReceiptKey: db.DeriveReceiptKey(secret), SourceRoots: []string{os.TempDir(), "/var/tmp"}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), BaseURL: base, Version: "test"}
 	for _, o := range opts {
 		o(&d)
 	}

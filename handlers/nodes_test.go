@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"berth/db"
+	"berth/environment/seal"
 	"berth/jobs"
 	"berth/static"
 )
@@ -33,11 +34,12 @@ func (e *testEnv) otherNode(id string, base *url.URL) *httptest.Server {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	sealer, err := db.NewSealer(bytes.Repeat([]byte{7}, 32))
+	secret := bytes.Repeat([]byte{7}, 32)
+	sealer, err := seal.New(secret)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	srv, err := New(Deps{Pool: e.pool, Assets: assets, Secrets: sealer, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	srv, err := New(Deps{Pool: e.pool, Assets: assets, Secrets: sealer, ReceiptKey: db.DeriveReceiptKey(secret), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		BaseURL: base, Version: "test", Nodes: &Nodes{Self: id, Key: nodeTestKey}})
 	if err != nil {
 		e.t.Fatal(err)

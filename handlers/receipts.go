@@ -129,7 +129,7 @@ func (s *Server) runReceiptVerifyAPI(w http.ResponseWriter, r *http.Request, p *
 		Lineage: func(ctx context.Context, runID string) (db.ReceiptLineage, error) {
 			return db.LineageOfRun(ctx, s.pool, runID)
 		}}
-	rep, err := receiptcheck.Verify(ctx, s.secrets.ReceiptKey(), doc, src)
+	rep, err := receiptcheck.Verify(ctx, s.receiptKey, doc, src)
 	switch {
 	case errors.Is(err, receiptcheck.ErrSignature):
 		out.Signature = "failed"

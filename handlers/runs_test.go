@@ -58,7 +58,7 @@ func setupRunsWorkers(t testing.TB, workers func(*jobs.Deps), opts ...func(*Deps
 			t.Fatal(err)
 		}
 		jd := jobs.Deps{Pool: d.Pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets,
+			Workspaces: mgr, Artifacts: artifacts, APIURL: "http://127.0.0.1:1", NodeID: "test", Secrets: d.Secrets, ReceiptKey: d.ReceiptKey,
 			HomeDir: filepath.Join(dataDir, "homes"), Jail: &host, Data: datadir.At(dataDir)}
 		eg, err := jobs.NewEgress(d.Pool, d.Secrets, datadir.At(dataDir), nil)
 		if err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"berth/db"
+	"berth/environment/seal"
 	"berth/handlers/live"
 	bmcp "berth/handlers/mcp"
 	"berth/handlers/metrics"
@@ -50,8 +51,11 @@ type Deps struct {
 	JobsUI  http.Handler
 	Assets  Assets
 	Log     *slog.Logger
-	BaseURL *url.URL   // the URL people use to reach Berth; https turns on Secure cookies
-	Secrets *db.Sealer // seals environment secrets at rest
+	BaseURL *url.URL     // the URL people use to reach Berth; https turns on Secure cookies
+	Secrets *seal.Sealer // seals environment secrets at rest
+	// ReceiptKey signs and verifies run receipts (a discarded attempt's is re-signed; POST
+	// /api/runs/{id}/receipt/verify); cmd/berth derives it from the secret key.
+	ReceiptKey []byte
 	// Workspaces maps execution workspace refs to this node's directories, for the file browser;
 	// nil means execution workspaces are not readable here.
 	Workspaces *workspace.Manager
@@ -116,7 +120,8 @@ type Server struct {
 	assets      Assets
 	log         *slog.Logger
 	baseURL     *url.URL
-	secrets     *db.Sealer
+	secrets     *seal.Sealer
+	receiptKey  []byte
 	sourceRoots []string
 	workspaces  *workspace.Manager
 	artifacts   *workspace.Artifacts
@@ -146,8 +151,8 @@ type Server struct {
 
 // New builds the server and its route table.
 func New(d Deps) (*Server, error) {
-	if d.Pool == nil || d.Assets == nil || d.Log == nil || d.BaseURL == nil || d.Secrets == nil {
-		return nil, fmt.Errorf("handlers: pool, assets, log, base URL and secrets are required")
+	if d.Pool == nil || d.Assets == nil || d.Log == nil || d.BaseURL == nil || d.Secrets == nil || len(d.ReceiptKey) == 0 {
+		return nil, fmt.Errorf("handlers: pool, assets, log, base URL, secrets and receipt key are required")
 	}
 	s := &Server{
 		pool:        d.Pool,
@@ -156,6 +161,7 @@ func New(d Deps) (*Server, error) {
 		log:         d.Log,
 		baseURL:     d.BaseURL,
 		secrets:     d.Secrets,
+		receiptKey:  d.ReceiptKey,
 		sourceRoots: d.SourceRoots,
 		workspaces:  d.Workspaces,
 		artifacts:   d.Artifacts,

@@ -23,6 +23,7 @@ import (
 	"berth/environment"
 	"berth/environment/datadir"
 	"berth/environment/egress"
+	"berth/environment/seal"
 )
 
 // Egress is this node's side of the egress proxy (docs/network.md): which environment and run
@@ -32,7 +33,7 @@ import (
 // ledger and an audit event per refused host, a counter on /metrics, the list on the run page.
 type Egress struct {
 	pool    *pgxpool.Pool
-	secrets *db.Sealer
+	secrets *seal.Sealer
 	log     *slog.Logger
 	// Denied counts refusals by environment and reason class (berth_egress_denied_total).
 	Denied func(environmentID, reason string)
@@ -78,7 +79,7 @@ type EgressHost struct {
 
 // NewEgress makes the node's egress side and its proxy. The per-install CA (for credential
 // injection) is made on first start, its key sealed with the secret key, both in dataDir/egress.
-func NewEgress(pool *pgxpool.Pool, secrets *db.Sealer, data datadir.Layout, log *slog.Logger) (*Egress, error) {
+func NewEgress(pool *pgxpool.Pool, secrets *seal.Sealer, data datadir.Layout, log *slog.Logger) (*Egress, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -281,7 +282,7 @@ func reasonClass(rule string) string {
 // loadEgressCA reads (or makes, on first start) the per-install CA in dir: ca.pem, ca-key.sealed
 // (the key sealed with the secret key) and ca-bundle.pem (the system's roots plus ca.pem), and
 // returns it with the bundle's path.
-func loadEgressCA(dir string, secrets *db.Sealer) (*egress.CA, string, error) {
+func loadEgressCA(dir string, secrets *seal.Sealer) (*egress.CA, string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, "", fmt.Errorf("egress ca: %w", err)
 	}

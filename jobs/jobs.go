@@ -15,11 +15,11 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
-	"berth/db"
 	"berth/environment"
 	"berth/environment/datadir"
 	"berth/environment/jail"
 	"berth/environment/netns"
+	"berth/environment/seal"
 	"berth/jobs/services"
 	"berth/workspace"
 )
@@ -37,7 +37,10 @@ type Deps struct {
 	// NodeID names this node on process-bound rows (runs, operations).
 	NodeID string
 	// Secrets opens environments' sealed secrets for their drivers.
-	Secrets *db.Sealer
+	Secrets *seal.Sealer
+	// ReceiptKey signs the receipts finalize writes (workspace/receipt, derived from the secret
+	// key by cmd/berth); empty writes none.
+	ReceiptKey []byte
 	// HomeDir holds a private HOME per environment for commands (outside every workspace, so
 	// dotfiles never land in a task's commits).
 	HomeDir string

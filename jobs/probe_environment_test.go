@@ -20,6 +20,7 @@ import (
 	"berth/db"
 	"berth/db/dbtest"
 	"berth/environment"
+	"berth/environment/seal"
 )
 
 // probeWorld is one company with an ssh environment (secrets sealed as the handlers seal them)
@@ -38,7 +39,7 @@ func newProbeWorld(t *testing.T) probeWorld {
 	t.Helper()
 	ctx := context.Background()
 	pool := dbtest.New(t)
-	sealer, err := db.NewSealer(bytes.Repeat([]byte{7}, 32))
+	sealer, err := seal.New(bytes.Repeat([]byte{7}, 32))
 	if err != nil {
 		t.Fatal(err)
 	}

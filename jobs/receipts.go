@@ -22,8 +22,8 @@ import (
 
 // recordReceipt writes the run's receipt (and seals an attempt's workspace) unless it exists.
 func (w *FinalizeWorker) recordReceipt(ctx context.Context, run db.Run) error {
-	if w.deps.Secrets == nil {
-		w.deps.Log.WarnContext(ctx, "no receipt: this node has no secret key", "run_id", run.ID)
+	if len(w.deps.ReceiptKey) == 0 {
+		w.deps.Log.WarnContext(ctx, "no receipt: this node has no receipt key", "run_id", run.ID)
 		return nil
 	}
 	if _, err := db.ReceiptOf(ctx, w.deps.Pool, run.CompanyID, run.ID); err == nil {
@@ -43,7 +43,7 @@ func (w *FinalizeWorker) recordReceipt(ctx context.Context, run db.Run) error {
 	if err != nil {
 		return fmt.Errorf("receipt: %w", err)
 	}
-	doc, err := db.SignReceipt(w.deps.Secrets.ReceiptKey(), rc)
+	doc, err := db.SignReceipt(w.deps.ReceiptKey, rc)
 	if err != nil {
 		return err
 	}

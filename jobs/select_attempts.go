@@ -198,7 +198,7 @@ func (w *SelectAttemptsWorker) discardAttempt(ctx context.Context, tx pgx.Tx, co
 // resignDiscarded re-signs a discarded attempt's receipt with disposition discarded.
 func (w *SelectAttemptsWorker) resignDiscarded(ctx context.Context, tx pgx.Tx, companyID, runID string) error {
 	doc, err := db.ReceiptOf(ctx, tx, companyID, runID)
-	if errors.Is(err, db.ErrNotFound) || w.deps.Secrets == nil {
+	if errors.Is(err, db.ErrNotFound) || len(w.deps.ReceiptKey) == 0 {
 		return nil
 	}
 	if err != nil {
@@ -212,7 +212,7 @@ func (w *SelectAttemptsWorker) resignDiscarded(ctx context.Context, tx pgx.Tx, c
 		return nil
 	}
 	rc.Disposition = db.DispositionDiscarded
-	if doc, err = db.SignReceipt(w.deps.Secrets.ReceiptKey(), rc); err != nil {
+	if doc, err = db.SignReceipt(w.deps.ReceiptKey, rc); err != nil {
 		return err
 	}
 	return db.SaveReceipt(ctx, tx, companyID, runID, rc.Disposition, doc)

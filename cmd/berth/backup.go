@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"berth/db"
 	"berth/db/backup"
 	"berth/db/pgembed"
 	"berth/environment/datadir"
+	"berth/environment/seal"
 )
 
 // backupCmd is `berth backup DIR`: a consistent backup of the instance (running or not) into DIR
@@ -84,7 +84,7 @@ func restoreCmd(ctx context.Context, args []string, getenv func(string) string, 
 	log := c.newLogger(stderr, c.LogLevel)
 	var envKey []byte
 	if v := getenv("BERTH_SECRET_KEY"); strings.TrimSpace(v) != "" {
-		k, err := db.LoadSecretKey(v, c.DataDir)
+		k, err := seal.LoadKey(v, c.DataDir)
 		if err != nil {
 			return fmt.Errorf("restore: %w", err)
 		}
@@ -137,7 +137,7 @@ func existingKey(envValue, dataDir string) ([]byte, error) {
 			return nil, fmt.Errorf("no secret key: set BERTH_SECRET_KEY or BERTH_DATA_DIR to the instance's (%v)", err)
 		}
 	}
-	return db.LoadSecretKey(envValue, dataDir)
+	return seal.LoadKey(envValue, dataDir)
 }
 
 func stopCluster(cl *pgembed.Cluster) {

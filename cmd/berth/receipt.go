@@ -13,6 +13,7 @@ import (
 
 	"berth/db"
 	"berth/environment/jail"
+	"berth/environment/seal"
 	"berth/workspace"
 	"berth/workspace/receiptcheck"
 )
@@ -129,7 +130,7 @@ func existingSecretKey(envValue, dataDir string) ([]byte, error) {
 			return nil, fmt.Errorf("receipt verify: no secret key: set BERTH_SECRET_KEY or BERTH_DATA_DIR to the instance's (%v)", err)
 		}
 	}
-	key, err := db.LoadSecretKey(envValue, dataDir)
+	key, err := seal.LoadKey(envValue, dataDir)
 	if err != nil {
 		return nil, fmt.Errorf("receipt verify: %w", err)
 	}

@@ -22,6 +22,7 @@ import (
 	"berth/environment/datadir"
 	"berth/environment/jail"
 	"berth/environment/netns"
+	"berth/environment/seal"
 	"berth/handlers"
 	"berth/handlers/live"
 	"berth/handlers/metrics"
@@ -109,27 +110,29 @@ func serveConfig(args []string, getenv func(string) string, stderr io.Writer, we
 
 // parts are what one serve or worker process is made of, for the steps after openParts.
 type parts struct {
-	c         *config
-	log       *slog.Logger
-	db        *database
-	key       []byte
-	sealer    *db.Sealer
-	host      jobs.Deps // the jail and what it masks (jailDeps)
-	plugins   *environment.PluginHost
-	executing *jobs.Executing
-	metrics   *metrics.Registry
-	egress    *jobs.Egress
-	deps      jobs.Deps // what the workers get
-	client    *river.Client[pgx.Tx]
-	node      *nodeProc
+	c          *config
+	log        *slog.Logger
+	db         *database
+	key        []byte
+	sealer     *seal.Sealer
+	receiptKey []byte    // signs run receipts (workspace/receipt), derived from key
+	host       jobs.Deps // the jail and what it masks (jailDeps)
+	plugins    *environment.PluginHost
+	executing  *jobs.Executing
+	metrics    *metrics.Registry
+	egress     *jobs.Egress
+	deps       jobs.Deps // what the workers get
+	client     *river.Client[pgx.Tx]
+	node       *nodeProc
 	// local and dialService reach this node's runtime services (nil without workers).
 	local       handlers.LocalServices
 	dialService func(context.Context, string, int) (net.Conn, error)
 }
 
-// openParts opens the database and builds what the node's work needs: the secret key and its
-// sealer, the jail, the workspace manager and artifact store, the plugin host, the run registry,
-// the metrics registry, the egress proxy and the jails' network namespaces.
+// openParts opens the database and builds what the node's work needs: the secret key, its
+// sealer and the receipt key derived from it, the jail, the workspace manager and artifact
+// store, the plugin host, the run registry, the metrics registry, the egress proxy and the
+// jails' network namespaces.
 func openParts(ctx context.Context, c *config, getenv func(string) string, log *slog.Logger, stops *stack) (*parts, error) {
 	n := &parts{c: c, log: log}
 	var err error
@@ -137,12 +140,13 @@ func openParts(ctx context.Context, c *config, getenv func(string) string, log *
 		return nil, err
 	}
 	stops.push(n.db.close)
-	if n.key, err = db.LoadSecretKey(getenv("BERTH_SECRET_KEY"), c.DataDir); err != nil {
+	if n.key, err = seal.LoadKey(getenv("BERTH_SECRET_KEY"), c.DataDir); err != nil {
 		return nil, err
 	}
-	if n.sealer, err = db.NewSealer(n.key); err != nil {
+	if n.sealer, err = seal.New(n.key); err != nil {
 		return nil, err
 	}
+	n.receiptKey = db.DeriveReceiptKey(n.key)
 	if n.host, err = jailDeps(ctx, log, c.DataDir); err != nil {
 		return nil, err
 	}
@@ -194,6 +198,7 @@ func openParts(ctx context.Context, c *config, getenv func(string) string, log *
 		Networks:   networks,
 		Egress:     n.egress,
 		Secrets:    n.sealer,
+		ReceiptKey: n.receiptKey,
 		HomeDir:    n.host.Data.Homes(),
 		Executing:  n.executing,
 		Jail:       n.host.Jail,
@@ -272,6 +277,7 @@ func (n *parts) runWorker(ctx context.Context, started time.Time) error {
 		Pool:          n.db.Pool,
 		Jobs:          n.client,
 		Secrets:       n.sealer,
+		ReceiptKey:    n.receiptKey,
 		Workspaces:    n.deps.Workspaces,
 		Log:           n.log,
 		BaseURL:       n.c.BaseURL,
@@ -325,6 +331,7 @@ func (n *parts) runWeb(ctx context.Context, getenv func(string) string, stdout i
 		JobsUI:              jobsUI,
 		Assets:              assets,
 		Secrets:             n.sealer,
+		ReceiptKey:          n.receiptKey,
 		SourceRoots:         sourceRoots(getenv),
 		Workspaces:          n.deps.Workspaces,
 		Artifacts:           n.deps.Artifacts,

@@ -27,6 +27,7 @@ import (
 	"berth/environment/datadir"
 	"berth/environment/jail"
 	"berth/environment/netns"
+	"berth/environment/seal"
 	"berth/workspace"
 )
 
@@ -75,7 +76,7 @@ type Deps struct {
 	// HomeDir holds a private HOME per workspace for its services (outside every workspace).
 	HomeDir string
 	// Secrets opens environments' sealed secrets for the services' placement.
-	Secrets *db.Sealer
+	Secrets *seal.Sealer
 	// Jail is this host's bubblewrap and run user (jail.Detect); nil: contained services refuse.
 	Jail *jail.Host
 	// Networks are this node's workspace network namespaces: a service joins its workspace's and
