@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"berth/db"
+	"berth/workspace/receipt"
 )
 
 // attemptsOf reads the task's attempt group as a viewer.
@@ -141,8 +141,8 @@ func TestAttemptsForkSealSelect(t *testing.T) {
 		resp := re.do(re.client(), http.MethodGet, "/api/runs/"+it["run_id"].(string)+"/receipt", nil,
 			map[string]string{"Authorization": "Bearer " + re.r.Viewer.Token})
 		doc := readBody(t, resp)
-		rc, err := db.VerifyReceipt(key, []byte(doc))
-		if err != nil || rc.Disposition != db.DispositionCommitted || rc.FinalTreeDigest == nil ||
+		rc, err := receipt.Verify(key, []byte(doc))
+		if err != nil || rc.Disposition != receipt.DispositionCommitted || rc.FinalTreeDigest == nil ||
 			*rc.FinalTreeDigest != it["final_tree_digest"] || rc.BaseCommit == nil || *rc.BaseCommit != baseBefore {
 			t.Fatalf("receipt of attempt %v: %v %+v\n%s", it["n"], err, rc, doc)
 		}
@@ -151,7 +151,7 @@ func TestAttemptsForkSealSelect(t *testing.T) {
 			t.Fatalf("receipt has no exit code 0: %s", doc)
 		}
 		tampered := doc[:i+len(`"exit_code": `)] + "1" + doc[i+len(`"exit_code": 0`):]
-		if _, err := db.VerifyReceipt(key, []byte(tampered)); err == nil {
+		if _, err := receipt.Verify(key, []byte(tampered)); err == nil {
 			t.Fatal("a receipt with one changed byte verified")
 		}
 	}
@@ -201,7 +201,7 @@ func TestAttemptsForkSealSelect(t *testing.T) {
 	// The discarded attempts' receipts say so, and still verify.
 	resp := re.do(re.client(), http.MethodGet, "/api/runs/"+its[0]["run_id"].(string)+"/receipt", nil,
 		map[string]string{"Authorization": "Bearer " + re.r.Viewer.Token})
-	if rc, err := db.VerifyReceipt(key, []byte(readBody(t, resp))); err != nil || rc.Disposition != db.DispositionDiscarded {
+	if rc, err := receipt.Verify(key, []byte(readBody(t, resp))); err != nil || rc.Disposition != receipt.DispositionDiscarded {
 		t.Fatalf("discarded receipt: %v %+v", err, rc)
 	}
 

@@ -17,6 +17,7 @@ import (
 	"berth/environment/seal"
 	"berth/static"
 	"berth/workspace"
+	"berth/workspace/receipt"
 )
 
 // ownerNode runs another node's internal listener with its own workspace manager (its disk).
@@ -32,7 +33,7 @@ func (e *testEnv) ownerNode(id string, mgr *workspace.Manager) {
 		e.t.Fatal(err)
 	}
 	base, _ := url.Parse(e.ts.URL)
-	srv, err := New(Deps{Pool: e.pool, Assets: assets, Secrets: sealer, ReceiptKey: db.DeriveReceiptKey(secret), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	srv, err := New(Deps{Pool: e.pool, Assets: assets, Secrets: sealer, ReceiptKey: receipt.DeriveKey(secret), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		BaseURL: base, Version: "test", Nodes: &Nodes{Self: id, Key: nodeTestKey}, Workspaces: mgr})
 	if err != nil {
 		e.t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"berth/db/dbtest"
 	"berth/environment/seal"
 	"berth/static"
+	"berth/workspace/receipt"
 )
 
 func TestMain(m *testing.M) { dbtest.Main(m) }
@@ -47,7 +48,7 @@ func setup(t testing.TB, opts ...func(*Deps)) *testEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := Deps{Pool: pool, Assets: assets, Secrets: sealer, ReceiptKey: db.DeriveReceiptKey(secret), SourceRoots: []string{os.TempDir(), "/var/tmp"}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), BaseURL: base, Version: "test"}
+	d := Deps{Pool: pool, Assets: assets, Secrets: sealer, ReceiptKey: receipt.DeriveKey(secret), SourceRoots: []string{os.TempDir(), "/var/tmp"}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), BaseURL: base, Version: "test"}
 	for _, o := range opts {
 		o(&d)
 	}

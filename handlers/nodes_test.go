@@ -21,6 +21,7 @@ import (
 	"berth/environment/seal"
 	"berth/jobs"
 	"berth/static"
+	"berth/workspace/receipt"
 )
 
 // nodeTestKey is the node-to-node key of the test nodes.
@@ -39,7 +40,7 @@ func (e *testEnv) otherNode(id string, base *url.URL) *httptest.Server {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	srv, err := New(Deps{Pool: e.pool, Assets: assets, Secrets: sealer, ReceiptKey: db.DeriveReceiptKey(secret), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	srv, err := New(Deps{Pool: e.pool, Assets: assets, Secrets: sealer, ReceiptKey: receipt.DeriveKey(secret), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		BaseURL: base, Version: "test", Nodes: &Nodes{Self: id, Key: nodeTestKey}})
 	if err != nil {
 		e.t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 
 	"berth/db"
 	"berth/views"
+	"berth/workspace/receipt"
 	"berth/workspace/receiptcheck"
 )
 
@@ -61,7 +62,7 @@ func (s *Server) receiptView(ctx context.Context, companyID, runID string) (*vie
 	if err != nil {
 		return nil, err
 	}
-	rc, err := db.ParseReceipt(doc)
+	rc, err := receipt.Parse(doc)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"berth/db"
 	"berth/environment"
 	"berth/workspace"
+	"berth/workspace/receipt"
 )
 
 // Receipts and sealing at finalize (DESIGN §13, docs/attempts.md). After a run's result is
@@ -43,7 +44,7 @@ func (w *FinalizeWorker) recordReceipt(ctx context.Context, run db.Run) error {
 	if err != nil {
 		return fmt.Errorf("receipt: %w", err)
 	}
-	doc, err := db.SignReceipt(w.deps.ReceiptKey, rc)
+	doc, err := receipt.Sign(w.deps.ReceiptKey, rc)
 	if err != nil {
 		return err
 	}
@@ -65,10 +66,10 @@ func (w *FinalizeWorker) recordReceipt(ctx context.Context, run db.Run) error {
 }
 
 // receiptFor computes the unsigned receipt of an ended run in workspace ws (nil: it got none).
-func (w *FinalizeWorker) receiptFor(ctx context.Context, run db.Run, ws *db.ExecutionWorkspace) (db.Receipt, error) {
-	rc := db.Receipt{RunID: run.ID, TaskID: run.TaskID, Command: run.Command, ExitCode: run.ExitCode, Status: run.Status,
+func (w *FinalizeWorker) receiptFor(ctx context.Context, run db.Run, ws *db.ExecutionWorkspace) (receipt.Receipt, error) {
+	rc := receipt.Receipt{RunID: run.ID, TaskID: run.TaskID, Command: run.Command, ExitCode: run.ExitCode, Status: run.Status,
 		StartedAt: receiptTime(run.StartedAt), FinishedAt: receiptTime(run.FinishedAt), NodeID: run.NodeID,
-		Disposition: db.DispositionUnchanged}
+		Disposition: receipt.DispositionUnchanged}
 	if rc.NodeID == "" {
 		rc.NodeID = w.deps.NodeID
 	}
@@ -105,7 +106,7 @@ func (w *FinalizeWorker) receiptFor(ctx context.Context, run db.Run, ws *db.Exec
 		}
 		rc.BaseTreeDigest, rc.FinalTreeDigest = &base, &final
 		if final != base {
-			rc.Disposition = db.DispositionCommitted
+			rc.Disposition = receipt.DispositionCommitted
 		}
 	case string(workspace.StrategyCopy):
 		if strings.HasPrefix(ws.BaseTreeDigest, "sha256:") {
@@ -122,7 +123,7 @@ func (w *FinalizeWorker) receiptFor(ctx context.Context, run db.Run, ws *db.Exec
 		}
 		for _, p := range products {
 			if p.Kind == "artifact" && p.RunID == run.ID {
-				rc.CapsuleDigest, rc.Disposition = strPtr(p.Ref), db.DispositionArtifact
+				rc.CapsuleDigest, rc.Disposition = strPtr(p.Ref), receipt.DispositionArtifact
 				break
 			}
 		}
@@ -132,7 +133,7 @@ func (w *FinalizeWorker) receiptFor(ctx context.Context, run db.Run, ws *db.Exec
 
 // receiptEnvironment fills the environment's fingerprint (driver, settings, secrets as an HMAC,
 // active image) and, for a sandbox, the image digest the run used.
-func (w *FinalizeWorker) receiptEnvironment(ctx context.Context, run db.Run, rc *db.Receipt) error {
+func (w *FinalizeWorker) receiptEnvironment(ctx context.Context, run db.Run, rc *receipt.Receipt) error {
 	if run.EnvironmentID == "" {
 		return nil
 	}

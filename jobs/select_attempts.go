@@ -13,6 +13,7 @@ import (
 
 	"berth/db"
 	"berth/workspace"
+	"berth/workspace/receipt"
 )
 
 // select_attempts carries out a decision on an attempt group (DESIGN §13, docs/attempts.md). The
@@ -204,15 +205,15 @@ func (w *SelectAttemptsWorker) resignDiscarded(ctx context.Context, tx pgx.Tx, c
 	if err != nil {
 		return err
 	}
-	rc, err := db.ParseReceipt(doc)
+	rc, err := receipt.Parse(doc)
 	if err != nil {
 		return err
 	}
-	if rc.Disposition == db.DispositionDiscarded {
+	if rc.Disposition == receipt.DispositionDiscarded {
 		return nil
 	}
-	rc.Disposition = db.DispositionDiscarded
-	if doc, err = db.SignReceipt(w.deps.ReceiptKey, rc); err != nil {
+	rc.Disposition = receipt.DispositionDiscarded
+	if doc, err = receipt.Sign(w.deps.ReceiptKey, rc); err != nil {
 		return err
 	}
 	return db.SaveReceipt(ctx, tx, companyID, runID, rc.Disposition, doc)

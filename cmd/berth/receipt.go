@@ -15,6 +15,7 @@ import (
 	"berth/environment/jail"
 	"berth/environment/seal"
 	"berth/workspace"
+	"berth/workspace/receipt"
 	"berth/workspace/receiptcheck"
 )
 
@@ -51,11 +52,12 @@ func receiptCmd(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return err
 	}
-	key, err := existingSecretKey(getenv("BERTH_SECRET_KEY"), c.DataDir)
+	secret, err := existingSecretKey(getenv("BERTH_SECRET_KEY"), c.DataDir)
 	if err != nil {
 		return err
 	}
-	rc, err := db.VerifyReceipt(db.DeriveReceiptKey(key), doc)
+	key := receipt.DeriveKey(secret)
+	rc, err := receipt.Verify(key, doc)
 	if err != nil {
 		fmt.Fprintf(stdout, "signature  FAILED  %v\n", err)
 		return errors.New("receipt verify: signature failure: the receipt was changed, or was not signed by this instance's key")
@@ -90,7 +92,7 @@ func receiptCmd(ctx context.Context, args []string, getenv func(string) string, 
 			}
 		}
 	}
-	rep, err := receiptcheck.Verify(ctx, db.DeriveReceiptKey(key), doc, src)
+	rep, err := receiptcheck.Verify(ctx, key, doc, src)
 	if err != nil {
 		return err
 	}

@@ -15,11 +15,11 @@ import (
 	"berth/db"
 	"berth/db/pgembed"
 	"berth/environment"
+	"berth/environment/datadir"
 	"berth/environment/jail/jailtest"
 	"berth/jobs"
 	"berth/workspace"
-
-	"berth/environment/datadir"
+	"berth/workspace/receipt"
 )
 
 // TestRestoreDrill is the restore drill of docs/operations.md on the embedded default: a real
@@ -181,7 +181,7 @@ func TestRestoreDrill(t *testing.T) {
 		if err := rows.Scan(&doc); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := db.VerifyReceipt(db.DeriveReceiptKey(key), doc); err != nil {
+		if _, err := receipt.Verify(receipt.DeriveKey(key), doc); err != nil {
 			t.Errorf("receipt after restore: %v", err)
 		}
 		n++

@@ -31,6 +31,7 @@ import (
 	"berth/static"
 	"berth/terminal"
 	"berth/workspace"
+	"berth/workspace/receipt"
 )
 
 // serve runs the web server (web=true) or a worker node (web=false) until ctx ends, in named
@@ -146,7 +147,7 @@ func openParts(ctx context.Context, c *config, getenv func(string) string, log *
 	if n.sealer, err = seal.New(n.key); err != nil {
 		return nil, err
 	}
-	n.receiptKey = db.DeriveReceiptKey(n.key)
+	n.receiptKey = receipt.DeriveKey(n.key)
 	if n.host, err = jailDeps(ctx, log, c.DataDir); err != nil {
 		return nil, err
 	}

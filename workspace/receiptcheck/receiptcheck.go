@@ -15,6 +15,7 @@ import (
 
 	"berth/db"
 	"berth/workspace"
+	"berth/workspace/receipt"
 )
 
 // Outcomes of one check.
@@ -34,11 +35,11 @@ type Check struct {
 
 // Report is a verification: the receipt (when its signature holds) and the checks made.
 type Report struct {
-	Receipt    db.Receipt `json:"-"`
-	Checks     []Check    `json:"checks"`
-	Matched    int        `json:"matched"`
-	Mismatched int        `json:"mismatched"`
-	NotChecked int        `json:"not_checked"`
+	Receipt    receipt.Receipt `json:"-"`
+	Checks     []Check         `json:"checks"`
+	Matched    int             `json:"matched"`
+	Mismatched int             `json:"mismatched"`
+	NotChecked int             `json:"not_checked"`
 }
 
 // Sources is what the checks may read; a nil field skips its checks.
@@ -52,11 +53,11 @@ type Sources struct {
 }
 
 // ErrSignature wraps a receipt whose signature does not verify under the key.
-var ErrSignature = db.ErrBadSignature
+var ErrSignature = receipt.ErrBadSignature
 
 // Verify checks doc's signature under key and then its digests against src.
 func Verify(ctx context.Context, key, doc []byte, src Sources) (Report, error) {
-	rc, err := db.VerifyReceipt(key, doc)
+	rc, err := receipt.Verify(key, doc)
 	if err != nil {
 		return Report{}, err
 	}

@@ -1,4 +1,4 @@
-package db_test
+package receipt_test
 
 import (
 	"bytes"
@@ -6,7 +6,7 @@ import (
 	"errors"
 	"testing"
 
-	"berth/db"
+	"berth/workspace/receipt"
 )
 
 // TestReceiptSignature: a signed receipt verifies under its key only; re-indenting it does not
@@ -15,20 +15,20 @@ import (
 func TestReceiptSignature(t *testing.T) {
 	t.Parallel()
 	secret := bytes.Repeat([]byte{7}, 32)
-	key := db.DeriveReceiptKey(secret)
+	key := receipt.DeriveKey(secret)
 	if bytes.Equal(key, secret) || len(key) != 32 {
 		t.Fatal("the receipt key is not derived")
 	}
 	exit, digest := 0, "sha256:abc"
-	doc, err := db.SignReceipt(key, db.Receipt{RunID: "r", TaskID: "t", Command: "echo <a> & b", ExitCode: &exit,
-		Status: "succeeded", FinalTreeDigest: &digest, NodeID: "n", Disposition: db.DispositionCommitted})
+	doc, err := receipt.Sign(key, receipt.Receipt{RunID: "r", TaskID: "t", Command: "echo <a> & b", ExitCode: &exit,
+		Status: "succeeded", FinalTreeDigest: &digest, NodeID: "n", Disposition: receipt.DispositionCommitted})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rc, err := db.VerifyReceipt(key, doc); err != nil || rc.Command != "echo <a> & b" {
+	if rc, err := receipt.Verify(key, doc); err != nil || rc.Command != "echo <a> & b" {
 		t.Fatalf("verify = %+v, %v", rc, err)
 	}
-	if _, err := db.VerifyReceipt(key, bytes.ReplaceAll(doc, []byte("\n  "), []byte(" "))); err != nil {
+	if _, err := receipt.Verify(key, bytes.ReplaceAll(doc, []byte("\n  "), []byte(" "))); err != nil {
 		t.Fatalf("re-indented: %v", err)
 	}
 	bad := map[string][]byte{
@@ -42,9 +42,9 @@ func TestReceiptSignature(t *testing.T) {
 	for name, d := range bad {
 		k := key
 		if d == nil {
-			d, k = doc, db.DeriveReceiptKey(bytes.Repeat([]byte{8}, 32))
+			d, k = doc, receipt.DeriveKey(bytes.Repeat([]byte{8}, 32))
 		}
-		if _, err := db.VerifyReceipt(k, d); !errors.Is(err, db.ErrBadSignature) {
+		if _, err := receipt.Verify(k, d); !errors.Is(err, receipt.ErrBadSignature) {
 			t.Errorf("%s: %v, want ErrBadSignature", name, err)
 		}
 	}
@@ -55,7 +55,7 @@ func TestReceiptSignature(t *testing.T) {
 // form or the stored encoding fails here before it strands the receipts already stored.
 func TestReceiptSignatureStable(t *testing.T) {
 	t.Parallel()
-	key := db.DeriveReceiptKey(bytes.Repeat([]byte{7}, 32))
+	key := receipt.DeriveKey(bytes.Repeat([]byte{7}, 32))
 	if got := hex.EncodeToString(key); got != "39d4950cbebf64efc5d397168d8683fbf94f0468ffc9cf12ad5f0199ce4de1cc" {
 		t.Fatalf("derived key %s changed", got)
 	}
@@ -80,15 +80,15 @@ func TestReceiptSignatureStable(t *testing.T) {
 }
 `
 	exit, digest := 0, "sha256:abc"
-	doc, err := db.SignReceipt(key, db.Receipt{RunID: "r", TaskID: "t", Command: "echo <a> & b", ExitCode: &exit,
-		Status: "succeeded", FinalTreeDigest: &digest, NodeID: "n", Disposition: db.DispositionCommitted})
+	doc, err := receipt.Sign(key, receipt.Receipt{RunID: "r", TaskID: "t", Command: "echo <a> & b", ExitCode: &exit,
+		Status: "succeeded", FinalTreeDigest: &digest, NodeID: "n", Disposition: receipt.DispositionCommitted})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(doc) != want {
 		t.Fatalf("signed document changed:\n%s", doc)
 	}
-	if _, err := db.VerifyReceipt(key, []byte(want)); err != nil {
+	if _, err := receipt.Verify(key, []byte(want)); err != nil {
 		t.Fatalf("the stored document no longer verifies: %v", err)
 	}
 }
