@@ -111,18 +111,14 @@ type agentCursor struct {
 	Name string `json:"n"`
 }
 
-// listAgents reads one page of the company's agents, in name order.
-func (s *Server) listAgents(ctx context.Context, a access, limit int, cursor string) ([]db.Agent, string, error) {
-	var after agentCursor
-	if err := decodeCursor(cursor, &after); err != nil {
-		return nil, "", err
+// agentList is the company's agents, in name order, for the API and the agents page.
+func (s *Server) agentList(a access) keysetList[db.Agent, agentCursor] {
+	return keysetList[db.Agent, agentCursor]{
+		fetch: func(ctx context.Context, after agentCursor, limit int) ([]db.Agent, error) {
+			return db.ListAgents(ctx, s.pool, a.Company.ID, after.Name, limit)
+		},
+		key: func(ag db.Agent) agentCursor { return agentCursor{Name: ag.Name} },
 	}
-	as, err := db.ListAgents(ctx, s.pool, a.Company.ID, after.Name, limit+1)
-	if err != nil {
-		return nil, "", err
-	}
-	as, next := keysetPage(as, limit, func(ag db.Agent) any { return agentCursor{Name: ag.Name} })
-	return as, next, nil
 }
 
 // apiListAgents is GET /api/companies/{cid}/agents: any member or instance admin.
@@ -131,20 +127,7 @@ func (s *Server) apiListAgents(w http.ResponseWriter, r *http.Request, p *princi
 	if err != nil {
 		return err
 	}
-	limit, cursor, err := pageParams(r)
-	if err != nil {
-		return err
-	}
-	as, next, err := s.listAgents(r.Context(), a, limit, cursor)
-	if err != nil {
-		return err
-	}
-	out := listResponse[agentJSON]{Items: make([]agentJSON, 0, len(as)), NextCursor: next}
-	for _, ag := range as {
-		out.Items = append(out.Items, agentResponse(ag))
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return serveKeyset(w, r, s.agentList(a), agentResponse)
 }
 
 // apiCreateAgent is POST /api/companies/{cid}/agents {name, description}: board members; 201.
@@ -189,7 +172,7 @@ const agentsPageLimit = 100
 
 // agentsData loads what the agents page shows for the caller.
 func (s *Server) agentsData(ctx context.Context, a access, cursor string) (views.AgentsData, error) {
-	as, next, err := s.listAgents(ctx, a, agentsPageLimit, cursor)
+	as, next, err := s.agentList(a).page(ctx, cursor, agentsPageLimit)
 	if err != nil {
 		return views.AgentsData{}, err
 	}

@@ -132,25 +132,13 @@ type companyCursor struct {
 // apiListCompanies is GET /api/companies: the caller's companies (every company for an
 // instance admin), in slug order.
 func (s *Server) apiListCompanies(w http.ResponseWriter, r *http.Request, p *principal) error {
-	limit, cursor, err := pageParams(r)
-	if err != nil {
-		return err
+	companies := keysetList[db.VisibleCompany, companyCursor]{
+		fetch: func(ctx context.Context, after companyCursor, limit int) ([]db.VisibleCompany, error) {
+			return db.ListCompanies(ctx, s.pool, p.User.ID, p.User.IsInstanceAdmin, after.Slug, limit)
+		},
+		key: func(c db.VisibleCompany) companyCursor { return companyCursor{Slug: c.Slug} },
 	}
-	var after companyCursor
-	if err := decodeCursor(cursor, &after); err != nil {
-		return err
-	}
-	cs, err := db.ListCompanies(r.Context(), s.pool, p.User.ID, p.User.IsInstanceAdmin, after.Slug, limit+1)
-	if err != nil {
-		return err
-	}
-	cs, next := keysetPage(cs, limit, func(c db.VisibleCompany) any { return companyCursor{Slug: c.Slug} })
-	out := listResponse[companyJSON]{Items: make([]companyJSON, 0, len(cs)), NextCursor: next}
-	for _, c := range cs {
-		out.Items = append(out.Items, companyResponse(c.Company, c.Role))
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return serveKeyset(w, r, companies, func(c db.VisibleCompany) companyJSON { return companyResponse(c.Company, c.Role) })
 }
 
 // apiGetCompany is GET /api/companies/{cid}: any member or instance admin; anyone else 404.

@@ -149,18 +149,14 @@ type memberCursor struct {
 	Email string `json:"e"`
 }
 
-// listMembers reads one page of the company's members.
-func (s *Server) listMembers(ctx context.Context, a access, limit int, cursor string) ([]db.Member, string, error) {
-	var after memberCursor
-	if err := decodeCursor(cursor, &after); err != nil {
-		return nil, "", err
+// memberList is the company's members, in email order, for the API and the members page.
+func (s *Server) memberList(a access) keysetList[db.Member, memberCursor] {
+	return keysetList[db.Member, memberCursor]{
+		fetch: func(ctx context.Context, after memberCursor, limit int) ([]db.Member, error) {
+			return db.ListMembers(ctx, s.pool, a.Company.ID, after.Email, limit)
+		},
+		key: func(m db.Member) memberCursor { return memberCursor{Email: m.Email} },
 	}
-	ms, err := db.ListMembers(ctx, s.pool, a.Company.ID, after.Email, limit+1)
-	if err != nil {
-		return nil, "", err
-	}
-	ms, next := keysetPage(ms, limit, func(m db.Member) any { return memberCursor{Email: m.Email} })
-	return ms, next, nil
 }
 
 // apiListMembers is GET /api/companies/{cid}/members: any member or instance admin, by email.
@@ -169,20 +165,7 @@ func (s *Server) apiListMembers(w http.ResponseWriter, r *http.Request, p *princ
 	if err != nil {
 		return err
 	}
-	limit, cursor, err := pageParams(r)
-	if err != nil {
-		return err
-	}
-	ms, next, err := s.listMembers(r.Context(), a, limit, cursor)
-	if err != nil {
-		return err
-	}
-	out := listResponse[memberJSON]{Items: make([]memberJSON, 0, len(ms)), NextCursor: next}
-	for _, m := range ms {
-		out.Items = append(out.Items, memberResponse(m))
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return serveKeyset(w, r, s.memberList(a), memberResponse)
 }
 
 // apiAddMember is POST /api/companies/{cid}/members {email, role}: board members; 201.
@@ -241,7 +224,7 @@ const membersPageLimit = 100
 
 // membersData loads what the members page shows for the caller.
 func (s *Server) membersData(ctx context.Context, a access, cursor string) (views.MembersData, error) {
-	ms, next, err := s.listMembers(ctx, a, membersPageLimit, cursor)
+	ms, next, err := s.memberList(a).page(ctx, cursor, membersPageLimit)
 	if err != nil {
 		return views.MembersData{}, err
 	}
