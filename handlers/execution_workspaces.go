@@ -66,11 +66,11 @@ type workspaceCursor struct {
 	ID        string    `json:"i"`
 }
 
-// workspaceQuery is a parsed list request.
+// workspaceQuery is a parsed list request; listWorkspaces decodes its cursor.
 type workspaceQuery struct {
 	Status, ProjectID, TaskID string
 	Limit                     int
-	After                     workspaceCursor
+	Cursor                    string
 }
 
 func parseWorkspaceQuery(r *http.Request) (workspaceQuery, error) {
@@ -85,35 +85,28 @@ func parseWorkspaceQuery(r *http.Request) (workspaceQuery, error) {
 			return out, badRequest("bad_filter", name+" must be an id.")
 		}
 	}
-	limit, cursor, err := pageParams(r)
-	if err != nil {
-		return out, err
-	}
-	out.Limit = limit
-	if err := decodeCursor(cursor, &out.After); err != nil {
-		return out, err
-	}
-	if out.After.ID != "" && !db.ValidID(out.After.ID) {
-		return out, badRequest("bad_cursor", "The cursor is not valid; start again without it.")
-	}
-	return out, nil
+	var err error
+	out.Limit, out.Cursor, err = pageParams(r)
+	return out, err
 }
 
-// listWorkspaces reads one page of a company's workspaces, newest first.
+// listWorkspaces reads one page of a company's workspaces, newest first; a cursor without an id
+// is the first page.
 func (s *Server) listWorkspaces(ctx context.Context, a access, q workspaceQuery) ([]db.ExecutionWorkspace, string, error) {
-	f := db.ExecutionWorkspaceFilter{Status: q.Status, ProjectID: q.ProjectID, TaskID: q.TaskID, Limit: q.Limit + 1}
-	if q.After.ID != "" {
-		t := q.After.CreatedAt
-		f.Before, f.BeforeID = &t, q.After.ID
+	workspaces := keysetList[db.ExecutionWorkspace, workspaceCursor]{
+		fetch: func(ctx context.Context, after workspaceCursor, limit int) ([]db.ExecutionWorkspace, error) {
+			f := db.ExecutionWorkspaceFilter{Status: q.Status, ProjectID: q.ProjectID, TaskID: q.TaskID, Limit: limit}
+			if after.ID != "" {
+				f.Before, f.BeforeID = &after.CreatedAt, after.ID
+			}
+			return db.ListExecutionWorkspaces(ctx, s.pool, a.Company.ID, f)
+		},
+		key: func(w db.ExecutionWorkspace) workspaceCursor {
+			return workspaceCursor{CreatedAt: w.CreatedAt, ID: w.ID}
+		},
+		valid: func(c workspaceCursor) bool { return c.ID == "" || db.ValidID(c.ID) },
 	}
-	list, err := db.ListExecutionWorkspaces(ctx, s.pool, a.Company.ID, f)
-	if err != nil {
-		return nil, "", err
-	}
-	list, next := keysetPage(list, q.Limit, func(w db.ExecutionWorkspace) any {
-		return workspaceCursor{CreatedAt: w.CreatedAt, ID: w.ID}
-	})
-	return list, next, nil
+	return workspaces.page(ctx, q.Cursor, q.Limit)
 }
 
 // listWorkspacesAPI is GET /api/companies/{cid}/execution-workspaces?status=&project_id=&task_id=.
@@ -130,11 +123,7 @@ func (s *Server) listWorkspacesAPI(w http.ResponseWriter, r *http.Request, p *pr
 	if err != nil {
 		return err
 	}
-	out := listResponse[workspaceJSON]{Items: make([]workspaceJSON, 0, len(list)), NextCursor: next}
-	for _, ws := range list {
-		out.Items = append(out.Items, newWorkspaceJSON(ws))
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeList(w, list, next, newWorkspaceJSON)
 	return nil
 }
 

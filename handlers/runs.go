@@ -142,31 +142,18 @@ func (s *Server) taskRunsAPI(w http.ResponseWriter, r *http.Request, p *principa
 	if err != nil {
 		return err
 	}
-	limit, cursor, err := pageParams(r)
-	if err != nil {
-		return err
+	runs := keysetList[db.Run, db.RunCursor]{
+		fetch: func(ctx context.Context, after db.RunCursor, limit int) ([]db.Run, error) {
+			var from *db.RunCursor // the first page; a cursor always has an id (valid)
+			if after.ID != "" {
+				from = &after
+			}
+			return db.TaskRunsAfter(ctx, s.pool, a.Company.ID, id, from, limit)
+		},
+		key:   func(run db.Run) db.RunCursor { return db.RunCursor{CreatedAt: run.CreatedAt, ID: run.ID} },
+		valid: func(c db.RunCursor) bool { return db.ValidID(c.ID) },
 	}
-	var after *db.RunCursor
-	if cursor != "" {
-		after = &db.RunCursor{}
-		if err := decodeCursor(cursor, after); err != nil {
-			return err
-		}
-		if !db.ValidID(after.ID) {
-			return badRequest("bad_cursor", "The cursor is not valid; start again without it.")
-		}
-	}
-	runs, err := db.TaskRunsAfter(ctx, s.pool, a.Company.ID, id, after, limit+1)
-	if err != nil {
-		return err
-	}
-	runs, next := keysetPage(runs, limit, func(r db.Run) any { return db.RunCursor{CreatedAt: r.CreatedAt, ID: r.ID} })
-	out := listResponse[runJSON]{Items: make([]runJSON, 0, len(runs)), NextCursor: next}
-	for _, r := range runs {
-		out.Items = append(out.Items, newRunJSON(r))
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return serveKeyset(w, r, runs, newRunJSON)
 }
 
 // runLogAPI is GET /api/runs/{id}/log?offset=N: what follows the first N bytes the run printed,
