@@ -4,33 +4,38 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"berth/db"
 	"berth/environment"
-	"berth/environment/datadir"
 	"berth/environment/jail"
 	"berth/jobs"
 	"berth/terminal"
+	"berth/terminal/imagesetup"
 )
 
 // Image setup sessions (docs/terminal.md): an instance admin's shell in a setup jail over a
 // scratch copy of a sandbox environment's active image layer. Start, read, finish (capture into
 // the next version, by the capture_image job) and cancel; the terminal itself is in
-// setup_sessions_terminal.go.
+// setup_sessions_terminal.go. The handlers move the session's state and audit it; the session's
+// scratch layer, shell and transcript on this node are terminal/imagesetup's.
 
-// ImageSetup is what setup sessions need on this node: the data dir the image layers live in,
-// the jail host their shells run in, and the registry of live shells.
+// ImageSetup is what setup sessions need on this node: the sessions' scratch layers, shells and
+// transcripts (imagesetup.Sessions: the data dir, the jail host, the registry of live shells)
+// and the plugin host.
 type ImageSetup struct {
-	Data      datadir.Layout // the data dir: image layers, scratch layers, session workspaces
-	Jail      *jail.Host
-	Terminals *terminal.Registry
+	imagesetup.Sessions
 	// Plugins runs plugin environments' drivers: their sessions' terminals (setup_sessions_plugin.go).
 	Plugins *environment.PluginHost
+}
+
+// setupShell is a sandbox environment's session as this node runs it: a shell in the setup jail
+// of the environment's config over a scratch copy of the session's base version.
+func setupShell(sess db.SetupSession, cfg environment.SandboxConfig) imagesetup.Session {
+	return imagesetup.Session{ID: sess.ID, EnvironmentID: sess.EnvironmentID, BaseVersion: sess.BaseVersion,
+		Expires: sess.ExpiresAt, Sandbox: cfg}
 }
 
 // Session ttl bounds (seconds).
@@ -118,8 +123,9 @@ func (s *Server) apiStartSetupSession(w http.ResponseWriter, r *http.Request, p 
 	return nil
 }
 
-// startSetupSession records the session, copies the active layer into its scratch layer and
-// starts its shell. A failure after the record leaves the session failed, its scratch dropped.
+// startSetupSession records the session, then has this node copy the active layer into its
+// scratch layer and start its shell (imagesetup). A failure after the record leaves the session
+// failed (the error's text in its row), its shell closed and its scratch dropped.
 func (s *Server) startSetupSession(r *http.Request, a access, envID string, ttl time.Duration) (db.SetupSession, error) {
 	ctx := r.Context()
 	if env, ok := s.isPluginEnvironment(ctx, a.Company.ID, envID); ok {
@@ -175,14 +181,8 @@ func (s *Server) startSetupSession(r *http.Request, a access, envID string, ttl 
 		_, _ = db.MoveSetupSession(bg, s.pool, sess.CompanyID, sess.ID, []string{db.SetupStarting}, db.SetupFailed, cause.Error())
 		return db.SetupSession{}, fmt.Errorf("start setup session: %w", cause)
 	}
-	base := is.Data.ImageLayer(envID, sess.BaseVersion)
-	if err := os.MkdirAll(base, 0o755); err != nil { // version 1 is the empty layer, made on first use
-		return failed(err)
-	}
-	if err := os.CopyFS(is.Data.ScratchLayer(envID, sess.ID), os.DirFS(base)); err != nil {
-		return failed(err)
-	}
-	if _, err := is.Terminals.Open(sess.ID, s.setupStarter(sess, cfg), sess.ExpiresAt, s.transcript(sess)); err != nil {
+	// The copy of the layer runs after the transaction: no lock is held while it takes its time.
+	if err := is.Sessions.Open(ctx, setupShell(sess, cfg)); err != nil {
 		return failed(err)
 	}
 	sess, err = db.MoveSetupSession(ctx, s.pool, sess.CompanyID, sess.ID, []string{db.SetupStarting}, db.SetupWaitingForUser, "")
@@ -190,42 +190,6 @@ func (s *Server) startSetupSession(r *http.Request, a access, envID string, ttl 
 		return failed(err)
 	}
 	return sess, nil
-}
-
-// setupStarter starts the session's shell: a pty on the setup jail over the scratch layer.
-func (s *Server) setupStarter(sess db.SetupSession, cfg environment.SandboxConfig) terminal.StartFunc {
-	is := s.imageSetup
-	return func() (terminal.Pty, error) {
-		cmd, done, err := environment.SetupShellCommand(environment.SetupShell{Jail: *is.Jail, DataDir: is.Data.Root,
-			Layer:     is.Data.ScratchLayer(sess.EnvironmentID, sess.ID),
-			Workspace: is.Data.SetupWorkspace(sess.ID), Config: cfg})
-		if err != nil {
-			return nil, err
-		}
-		return terminal.Start(cmd, 80, 24, done)
-	}
-}
-
-// transcriptFile appends a session's shell output to its transcript file (0600, beside the
-// scratch workspace; the registry caps how much it is given).
-type transcriptFile string
-
-func (t transcriptFile) Write(b []byte) (int, error) {
-	f, err := os.OpenFile(string(t), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		return 0, err
-	}
-	n, err := f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return n, err
-}
-
-func (s *Server) transcript(sess db.SetupSession) transcriptFile {
-	dir := s.imageSetup.Data.SetupSession(sess.ID)
-	_ = os.MkdirAll(dir, 0o700)
-	return transcriptFile(filepath.Join(dir, "transcript"))
 }
 
 // apiGetSetupSession is GET /api/image-setup-sessions/{id} (instance admins).

@@ -13,6 +13,7 @@ import (
 	"berth/environment"
 	"berth/jobs"
 	"berth/terminal"
+	"berth/terminal/imagesetup"
 )
 
 // Setup sessions of plugin environments (docs/plugins.md "Services and terminals"): the shell is
@@ -28,7 +29,8 @@ var errPluginSetupUnavailable = &httpError{Status: http.StatusServiceUnavailable
 var errCaptureUnsupported = &httpError{Status: http.StatusConflict, Code: "image_capture_unsupported",
 	Message: "A plugin environment's setup session cannot be captured into an image version (the driver protocol has no capture): import an image instead, and cancel to end this session."}
 
-// pluginTerminalOpen bounds opening a plugin's terminal stream (the stream itself lives on).
+// pluginTerminalOpen bounds the plugin calls that end a session's instance (a failed start, a
+// cancel); imagesetup bounds opening its terminal the same way.
 const pluginTerminalOpen = 2 * time.Minute
 
 // pluginDeps are the jobs dependencies that build a plugin environment's driver here.
@@ -110,7 +112,7 @@ func (s *Server) startPluginSetupSession(r *http.Request, a access, env db.Envir
 	if err != nil {
 		return failed(err)
 	}
-	if _, err := is.Terminals.Open(sess.ID, pluginStarter(rt, inst), sess.ExpiresAt, s.transcript(sess)); err != nil {
+	if err := is.Sessions.Open(ctx, pluginShell(sess, rt, inst)); err != nil {
 		return failed(err)
 	}
 	sess, err = db.MoveSetupSession(ctx, s.pool, sess.CompanyID, sess.ID, []string{db.SetupStarting}, db.SetupWaitingForUser, "")
@@ -120,18 +122,12 @@ func (s *Server) startPluginSetupSession(r *http.Request, a access, env db.Envir
 	return sess, nil
 }
 
-// pluginStarter opens the plugin's terminal on the session's instance (again after the shell
-// exited, as a local setup shell is started again).
-func pluginStarter(rt environment.RemoteTerminals, inst environment.Instance) terminal.StartFunc {
-	return func() (terminal.Pty, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), pluginTerminalOpen)
-		defer cancel()
-		t, err := rt.OpenTerminal(ctx, inst, "", 80, 24, nil)
-		if err != nil {
-			return nil, err
-		}
-		return t, nil
-	}
+// pluginShell is a plugin environment's session as this node runs it: the plugin's terminal on
+// the session's instance.
+func pluginShell(sess db.SetupSession, rt environment.RemoteTerminals, inst environment.Instance) imagesetup.Session {
+	sh := setupShell(sess, environment.SandboxConfig{})
+	sh.Remote = &imagesetup.Remote{Terminals: rt, Instance: inst}
+	return sh
 }
 
 // pluginAttach is the Attach of a plugin environment's session: its terminal on the instance the
@@ -145,7 +141,7 @@ func (s *Server) pluginAttach(ctx context.Context, env db.Environment, sess db.S
 	if err != nil {
 		return terminal.Attach{}, err
 	}
-	return terminal.Attach{Start: pluginStarter(rt, inst), Expires: sess.ExpiresAt, Transcript: s.transcript(sess)}, nil
+	return s.imageSetup.Sessions.Attach(pluginShell(sess, rt, inst)), nil
 }
 
 // releasePluginSetup releases an ended session's plugin instance (nothing for other sessions).

@@ -13,6 +13,7 @@ import (
 	"berth/db"
 	"berth/environment/plugincheck/plugintest"
 	"berth/terminal"
+	"berth/terminal/imagesetup"
 
 	"berth/environment/datadir"
 )
@@ -28,7 +29,7 @@ func TestSetupSessionOnPodman(t *testing.T) {
 	pr := setupPluginRuns(t)
 	envID, sock := pr.podmanEnv(map[string]any{})
 	terms := terminal.NewRegistry(terminal.Options{AuthTimeout: 5 * time.Second})
-	pr.srv.imageSetup = &ImageSetup{Data: datadir.At(pr.dataDir), Terminals: terms, Plugins: pr.host}
+	pr.srv.imageSetup = &ImageSetup{Sessions: imagesetup.Sessions{Data: datadir.At(pr.dataDir), Terminals: terms}, Plugins: pr.host}
 	ie := &imageEnv{runEnv: pr.runEnv, env: envID, terms: terms}
 
 	code, sess := ie.call(ie.r.Admin, http.MethodPost, "/api/environments/"+envID+"/image-setup-sessions", map[string]any{"ttl_s": 600})

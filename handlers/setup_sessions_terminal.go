@@ -132,7 +132,7 @@ func (s *Server) authorizeTerminal(ctx context.Context, ip, id, token string) (t
 	if env.Driver == environment.DriverPlugin {
 		return s.pluginAttach(ctx, env, sess)
 	}
-	return terminal.Attach{Start: s.setupStarter(sess, cfg.Sandbox), Expires: sess.ExpiresAt, Transcript: s.transcript(sess)}, nil
+	return s.imageSetup.Sessions.Attach(setupShell(sess, cfg.Sandbox)), nil
 }
 
 // hijacker gives the WebSocket upgrader the connection under the middleware's response

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"berth/environment"
 	"berth/environment/jail"
 	"berth/terminal"
+	"berth/terminal/imagesetup"
 
 	"berth/environment/datadir"
 )
@@ -38,7 +40,7 @@ func setupImages(t *testing.T) *imageEnv {
 		t.Fatal(err)
 	}
 	terms := terminal.NewRegistry(terminal.Options{AuthTimeout: 2 * time.Second})
-	re.srv.imageSetup = &ImageSetup{Data: datadir.At(re.dataDir), Jail: &host, Terminals: terms}
+	re.srv.imageSetup = &ImageSetup{Sessions: imagesetup.Sessions{Data: datadir.At(re.dataDir), Jail: &host, Terminals: terms}}
 	return &imageEnv{runEnv: re, env: env, terms: terms}
 }
 
@@ -325,6 +327,41 @@ func TestSetupSessionCancel(t *testing.T) {
 	}
 	if n := ie.count(`SELECT count(*) FROM audit_events WHERE action = 'image_setup_session.cancelled' AND target_id = $1`, id); n != 1 {
 		t.Fatalf("cancel audited %d times", n)
+	}
+}
+
+// TestSetupSessionStartFailure: a shell that does not start is a 500 that leaves the session
+// failed with the error's text, its scratch layer dropped and nothing in the registry; the
+// environment is free for the next session, which starts on a working jail.
+func TestSetupSessionStartFailure(t *testing.T) {
+	t.Parallel()
+	ie := setupImages(t)
+	is := ie.srv.imageSetup
+	good, broken := is.Jail, *is.Jail
+	missing := filepath.Join(t.TempDir(), "no-such-tool")
+	broken.Bwrap, broken.Prlimit = missing, missing
+	is.Jail = &broken
+	start := "/api/environments/" + ie.env + "/image-setup-sessions"
+	if code, out := ie.call(ie.r.Admin, http.MethodPost, start, nil); code != 500 {
+		t.Fatalf("start on a broken jail = %d %v, want 500", code, out)
+	}
+	var id, status, msg string
+	if err := ie.pool.QueryRow(context.Background(), `SELECT id, status, error FROM image_setup_sessions
+		WHERE environment_id = $1`, ie.env).Scan(&id, &status, &msg); err != nil {
+		t.Fatal(err)
+	}
+	if status != db.SetupFailed || !strings.HasPrefix(msg, "start pty: ") || !strings.Contains(msg, missing) {
+		t.Fatalf("the failed session = %s %q, want failed with the start's error", status, msg)
+	}
+	if _, err := os.Stat(datadir.At(ie.dataDir).ScratchLayer(ie.env, id)); !os.IsNotExist(err) {
+		t.Fatalf("scratch layer left after a failed start: %v", err)
+	}
+	if ie.terms.Get(id) != nil {
+		t.Fatal("a failed start left its session in the registry")
+	}
+	is.Jail = good
+	if code, out := ie.call(ie.r.Admin, http.MethodPost, start, nil); code != 201 || out["status"] != db.SetupWaitingForUser {
+		t.Fatalf("the next session = %d %v, want 201 waiting_for_user", code, out)
 	}
 }
 

@@ -90,7 +90,7 @@ func (t *rawTerm) close() {
 
 // berthServer is the bridge as production serves it: a Registry with the default options, a
 // gorilla upgrader with the handler's buffer sizes, Serve with an authorizer that admits any
-// token, and a transcript appended to a file per write the way handlers does.
+// token, and a transcript appended to a file per write the way terminal/imagesetup does.
 type berthServer struct {
 	reg *Registry
 	ts  *httptest.Server
@@ -118,7 +118,7 @@ func newBerthServer(tb testing.TB) *berthServer {
 	return s
 }
 
-// appendFile mirrors handlers' transcript writer: open, append, close on every write.
+// appendFile mirrors terminal/imagesetup's transcript writer: open, append, close on every write.
 type appendFile string
 
 func (a appendFile) Write(b []byte) (int, error) {

@@ -30,6 +30,7 @@ import (
 	"berth/jobs"
 	"berth/static"
 	"berth/terminal"
+	"berth/terminal/imagesetup"
 	"berth/workspace"
 	"berth/workspace/receipt"
 )
@@ -326,6 +327,8 @@ func (n *parts) runWeb(ctx context.Context, getenv func(string) string, stdout i
 	if err != nil {
 		return err
 	}
+	imageSetup := &handlers.ImageSetup{Plugins: n.plugins, Sessions: imagesetup.Sessions{Data: n.host.Data, Jail: n.host.Jail,
+		Terminals: terminal.NewRegistry(terminal.Options{})}}
 	srv, err := handlers.New(handlers.Deps{
 		Pool:                n.db.Pool,
 		Jobs:                n.client,
@@ -340,7 +343,7 @@ func (n *parts) runWeb(ctx context.Context, getenv func(string) string, stdout i
 		BaseURL:             c.BaseURL,
 		Version:             version,
 		TrustedProxies:      c.TrustedProxies,
-		ImageSetup:          &handlers.ImageSetup{Data: n.host.Data, Jail: n.host.Jail, Terminals: terminal.NewRegistry(terminal.Options{}), Plugins: n.plugins},
+		ImageSetup:          imageSetup,
 		Metrics:             n.metrics,
 		MetricsToken:        c.MetricsToken,
 		LocalServices:       n.local,

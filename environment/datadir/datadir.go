@@ -1,6 +1,6 @@
 // Package datadir is the layout of Berth's data dir (BERTH_DATA_DIR): every path below it, in
 // one place. cmd/berth makes the one Layout of a process from its configuration and passes it
-// down (jobs.Deps.Data, handlers.ImageSetup.Data, backup and restore), so no package works out
+// down (jobs.Deps.Data, imagesetup.Sessions.Data, backup and restore), so no package works out
 // a path under the data dir by itself. It only names paths: it creates, reads and removes
 // nothing, and imports nothing of Berth.
 //
