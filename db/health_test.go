@@ -1,8 +1,11 @@
 package db_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,4 +135,96 @@ func TestUnavailableErrors(t *testing.T) {
 	if err == nil || db.Unavailable(err) {
 		t.Fatalf("an SQL error taken for an outage: %v", err)
 	}
+}
+
+// TestPoolChecksIdleConnectionsWithoutAQuery: a connection idle for over a second whose backend
+// went away (a restart, a killed backend) is replaced before it is handed out, and a healthy one
+// is handed out without a ping: the database sees one transaction for the query, not two. The
+// negative control is pgxpool with checks off, which hands out the dead connection.
+func TestPoolChecksIdleConnectionsWithoutAQuery(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	ctx := context.Background()
+
+	killIdle := func(p *pgxpool.Pool) {
+		t.Helper()
+		victim, err := p.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		killer, err := p.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid int
+		if err := victim.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := killer.Exec(ctx, `SELECT pg_terminate_backend($1, 5000)`, pid); err != nil {
+			t.Fatal(err)
+		}
+		killer.Release()
+		victim.Release() // last in, first out: the next acquire takes the dead one
+		time.Sleep(1100 * time.Millisecond)
+	}
+
+	// Negative control: without the check the dead connection is handed out and the query fails.
+	cfg := pool.Config()
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	cfg.MaxConns = 2
+	unchecked, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unchecked.Close()
+	killIdle(unchecked)
+	if _, err := unchecked.Exec(ctx, `SELECT 1`); err == nil {
+		t.Fatal("negative control: a pool without checks handed out a live connection; the test cannot tell")
+	}
+
+	killIdle(pool)
+	if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatalf("a connection whose backend went away was handed out: %v", err)
+	}
+
+	// A healthy connection idle for over a second is handed out without a ping. The pings are
+	// counted on the wire: a pool over the same configuration whose connections report what
+	// they write.
+	var pings atomic.Int64
+	counted := pool.Config()
+	dial := counted.ConnConfig.DialFunc
+	counted.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		return pingCounter{c, &pings}, err
+	}
+	cp, err := pgxpool.NewWithConfig(ctx, counted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	for range 2 {
+		if _, err := cp.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1100 * time.Millisecond)
+	}
+	if _, err := cp.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	if n := pings.Load(); n != 0 {
+		t.Fatalf("healthy connections idle for over a second were pinged %d times, want 0", n)
+	}
+}
+
+// pingCounter counts the pgx pings written through a connection.
+type pingCounter struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c pingCounter) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte("-- ping")) {
+		c.n.Add(1)
+	}
+	return c.Conn.Write(b)
 }
