@@ -1,10 +1,15 @@
 package environment
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/creack/pty"
 
 	"berth/environment/jail"
 )
@@ -30,10 +35,41 @@ done
 cd /opt/image 2>/dev/null || true
 exec "$sh" -i`
 
-// SetupShellCommand makes the jailed command of a setup shell, ready for a pty. done hands the
-// scratch trees back to Berth's uid and closes the jail's data pipes; call it once the shell has
-// ended.
-func SetupShellCommand(s SetupShell) (*exec.Cmd, func(), error) {
+// StartSetupShell starts s's shell in the setup jail on a new pty of cols×rows. It is the one
+// place Berth starts a process on a pty (make verify holds creack/pty to this file), and it takes
+// only a SetupShell, so a pty of Berth's always holds a jailed process. Once the shell has ended
+// and been reaped, the scratch trees go back to Berth's uid.
+func StartSetupShell(s SetupShell, cols, rows int) (*SetupTerminal, error) {
+	cmd, done, err := setupShellJail(s)
+	if err != nil {
+		return nil, err
+	}
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Cols: uint16(cols), Rows: uint16(rows)})
+	if err != nil {
+		done()
+		return nil, fmt.Errorf("start pty: %w", err)
+	}
+	t := &SetupTerminal{f: f, cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		t.code = -1
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			t.code = 0
+		case errors.As(err, &ee) && ee.ExitCode() >= 0:
+			t.code = ee.ExitCode()
+		}
+		done()
+		close(t.exited)
+	}()
+	return t, nil
+}
+
+// setupShellJail makes the jailed command of s's shell. done hands the scratch trees back to
+// Berth's uid and closes the jail's data pipes; call it once the shell has ended (or failed to
+// start).
+func setupShellJail(s SetupShell) (*exec.Cmd, func(), error) {
 	for _, p := range []string{s.Layer, s.Workspace} {
 		if !filepath.IsAbs(p) {
 			return nil, nil, fmt.Errorf("setup shell: %q must be absolute: %w", p, ErrInvalidRequest)
@@ -66,4 +102,46 @@ func SetupShellCommand(s SetupShell) (*exec.Cmd, func(), error) {
 		}
 	}
 	return cmd, done, nil
+}
+
+// SetupTerminal is a setup shell running in its jail on a pty Berth holds the master of. It has
+// the shape of terminal.Pty (Read, Write, Resize, Wait, Close), as PluginTerminal has, so the
+// WebSocket bridge serves it; only StartSetupShell makes one.
+type SetupTerminal struct {
+	f      *os.File
+	cmd    *exec.Cmd
+	exited chan struct{}
+	code   int
+	once   sync.Once
+}
+
+// Read reads the shell's output from the pty master.
+func (t *SetupTerminal) Read(b []byte) (int, error) { return t.f.Read(b) }
+
+// Write types b into the shell.
+func (t *SetupTerminal) Write(b []byte) (int, error) { return t.f.Write(b) }
+
+// Resize sets the pty's window size (1–1000 each); the foreground program gets SIGWINCH.
+func (t *SetupTerminal) Resize(cols, rows int) error {
+	if cols < 1 || rows < 1 || cols > 1000 || rows > 1000 {
+		return fmt.Errorf("resize: %dx%d is out of range", cols, rows)
+	}
+	return pty.Setsize(t.f, &pty.Winsize{Cols: uint16(cols), Rows: uint16(rows)})
+}
+
+// Wait blocks until the jail has exited and returns its exit code (-1 when killed).
+func (t *SetupTerminal) Wait() int {
+	<-t.exited
+	return t.code
+}
+
+// Close kills the jail's process group and releases the pty; Wait then returns.
+func (t *SetupTerminal) Close() error {
+	t.once.Do(func() {
+		// bwrap is its own group leader (the pty start's Setsid): the whole group goes.
+		_ = syscall.Kill(-t.cmd.Process.Pid, syscall.SIGKILL)
+		<-t.exited
+		t.f.Close()
+	})
+	return nil
 }

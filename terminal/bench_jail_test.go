@@ -11,8 +11,8 @@ import (
 	"berth/environment/jail"
 )
 
-// jailedShell starts the setup shell exactly as a setup session does (environment.SetupShellCommand:
-// the setup jail profile over a scratch layer at /opt/image, bash under script(1)), for the
+// jailedShell starts the setup shell exactly as a setup session does (environment.StartSetupShell:
+// the setup jail profile over a scratch layer at /opt/image, bash right on the pty), for the
 // benchmarks' "jailed" figures. The scratch layer holds the throughput file as
 // /opt/image/cat-me.txt when one is given.
 type jailedShell struct {
@@ -50,12 +50,12 @@ func newJailedShell(b *testing.B, file string) *jailedShell {
 	}
 	cfg := environment.SandboxConfig{PidsMax: 256}
 	return &jailedShell{start: func() (Pty, error) {
-		cmd, done, err := environment.SetupShellCommand(environment.SetupShell{Jail: h, DataDir: data,
-			Layer: layer, Workspace: ws, Config: cfg})
+		t, err := environment.StartSetupShell(environment.SetupShell{Jail: h, DataDir: data,
+			Layer: layer, Workspace: ws, Config: cfg}, 80, 24)
 		if err != nil {
 			return nil, err
 		}
-		return Start(cmd, 80, 24, done)
+		return t, nil
 	}}
 }
 

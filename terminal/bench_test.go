@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"sort"
@@ -25,7 +24,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/creack/pty"
 	"github.com/gorilla/websocket"
 )
 
@@ -49,29 +47,26 @@ type benchTerm interface {
 
 // rawTerm is the baseline: the pty master read directly.
 type rawTerm struct {
-	f    *os.File
-	cmd  *exec.Cmd
+	p    *plainPty
 	buf  []byte
 	kill *time.Timer
 }
 
 func startRaw(argv ...string) (*rawTerm, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = benchEnv()
-	f, err := pty.StartWithSize(cmd, &pty.Winsize{Cols: 80, Rows: 24})
+	p, err := startPlain(benchEnv(), argv...)
 	if err != nil {
 		return nil, fmt.Errorf("raw pty: %w", err)
 	}
-	t := &rawTerm{f: f, cmd: cmd, buf: make([]byte, 32<<10)}
+	t := &rawTerm{p: p, buf: make([]byte, 32<<10)}
 	t.kill = time.AfterFunc(10*time.Minute, t.close) // the backstop if a read never returns
 	return t, nil
 }
 
-func (t *rawTerm) send(p []byte) error { _, err := t.f.Write(p); return err }
+func (t *rawTerm) send(p []byte) error { _, err := t.p.Write(p); return err }
 
 func (t *rawTerm) recv() ([]byte, error) {
-	_ = t.f.SetReadDeadline(time.Now().Add(benchWait)) // a no-op where the pty is not pollable
-	n, err := t.f.Read(t.buf)
+	_ = t.p.f.SetReadDeadline(time.Now().Add(benchWait)) // a no-op where the pty is not pollable
+	n, err := t.p.Read(t.buf)
 	if n > 0 {
 		return t.buf[:n], nil
 	}
@@ -83,9 +78,7 @@ func (t *rawTerm) recv() ([]byte, error) {
 
 func (t *rawTerm) close() {
 	t.kill.Stop()
-	_ = syscall.Kill(-t.cmd.Process.Pid, syscall.SIGKILL)
-	_ = t.f.Close()
-	_ = t.cmd.Wait()
+	_ = t.p.Close()
 }
 
 // berthServer is the bridge as production serves it: a Registry with the default options, a
@@ -208,14 +201,6 @@ func benchEnv() []string {
 
 // benchShell is the shell every echo and idle-session figure runs.
 var benchShell = []string{"/bin/bash", "--norc", "--noprofile", "-i"}
-
-func berthStart(argv ...string) func() (Pty, error) {
-	return func() (Pty, error) {
-		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Env = benchEnv()
-		return Start(cmd, 80, 24, nil)
-	}
-}
 
 // benchFile writes the throughput file once per benchmark: base64 text of random bytes in
 // 76-column lines, BERTH_BENCH_TERM_MIB MiB (default 64). It returns its path and how many
@@ -365,7 +350,7 @@ func BenchmarkTerminalThroughput(b *testing.B) {
 		rates["raw"] = append(rates["raw"], mbps(n, d))
 
 		start = time.Now()
-		bt, err := srv.attach(berthStart("cat", file))
+		bt, err := srv.attach(plainStart(benchEnv(), "cat", file))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -457,7 +442,7 @@ func BenchmarkTerminalEcho(b *testing.B) {
 	}
 	rt, err := startRaw(benchShell...)
 	add("raw", rt, err)
-	bt, err := srv.attach(berthStart(benchShell...))
+	bt, err := srv.attach(plainStart(benchEnv(), benchShell...))
 	add("berth", bt, err)
 	if j := newJailedShell(b, ""); j != nil {
 		jt, err := srv.attach(j.start)
@@ -509,7 +494,7 @@ func BenchmarkTerminalIdleMemory(b *testing.B) {
 	var heap, rss, wrss []float64
 	for i := 0; i < b.N; i++ {
 		srv := newBerthServer(b)
-		warm, err := srv.attach(berthStart(benchShell...))
+		warm, err := srv.attach(plainStart(benchEnv(), benchShell...))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -519,7 +504,7 @@ func BenchmarkTerminalIdleMemory(b *testing.B) {
 		h0, r0 := goMem()
 		var open []benchTerm
 		for range n {
-			t, err := srv.attach(berthStart(benchShell...))
+			t, err := srv.attach(plainStart(benchEnv(), benchShell...))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -3,6 +3,7 @@ package terminal
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -304,7 +305,12 @@ func (s *Session) input(b []byte) {
 	}
 }
 
+// resize sets the window size of the session's pty; the protocol allows 1–1000 each, whatever
+// the pty behind would take.
 func (s *Session) resize(cols, rows int) error {
+	if cols < 1 || rows < 1 || cols > 1000 || rows > 1000 {
+		return fmt.Errorf("resize: %dx%d is out of range", cols, rows)
+	}
 	s.mu.Lock()
 	p := s.pty
 	s.mu.Unlock()

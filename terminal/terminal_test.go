@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -168,11 +167,7 @@ func tail(s string) string {
 }
 
 // shell starts a real /bin/sh on a real pty.
-func shell() (Pty, error) {
-	cmd := exec.Command("/bin/sh", "-i")
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "PS1=$ ", "TERM=dumb"}
-	return Start(cmd, 80, 24, nil)
-}
+var shell = plainStart([]string{"PATH=/usr/bin:/bin", "PS1=$ ", "TERM=dumb"}, "/bin/sh", "-i")
 
 func TestRealPtyEchoResizeAndExit(t *testing.T) {
 	t.Parallel()
@@ -306,7 +301,7 @@ func TestClientThatNeverReadsIsCutOff(t *testing.T) {
 	for _, real := range []bool{false, true} {
 		start := func() (Pty, error) { return newYes(), nil }
 		if real {
-			start = func() (Pty, error) { return Start(exec.Command("yes"), 80, 24, nil) }
+			start = plainStart(nil, "yes")
 		}
 		b := newBridge(t, Options{WriteTimeout: 300 * time.Millisecond}, start)
 		p := b.dial("s1")

@@ -121,11 +121,11 @@ func (n *Sessions) starter(s Session) terminal.StartFunc {
 		if host == nil {
 			return nil, ErrUnavailable
 		}
-		cmd, done, err := environment.SetupShellCommand(environment.SetupShell{Jail: *host, DataDir: data.Root,
-			Layer: data.ScratchLayer(s.EnvironmentID, s.ID), Workspace: data.SetupWorkspace(s.ID), Config: s.Sandbox})
+		t, err := environment.StartSetupShell(environment.SetupShell{Jail: *host, DataDir: data.Root,
+			Layer: data.ScratchLayer(s.EnvironmentID, s.ID), Workspace: data.SetupWorkspace(s.ID), Config: s.Sandbox}, 80, 24)
 		if err != nil {
 			return nil, err
 		}
-		return terminal.Start(cmd, 80, 24, done)
+		return t, nil
 	}
 }
