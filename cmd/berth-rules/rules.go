@@ -28,6 +28,7 @@ const (
 	ruleInsert = "job inserted outside jobs.Enqueue (enqueue through jobs.Enqueue, which places the job)"
 	ruleRoute  = "route registered outside handlers/routes.go (add it to the route table there)"
 	ruleExec   = "os/exec imported in handlers/ (processes start in jobs or environment, in the jail)"
+	rulePty    = "creack/pty imported outside environment/setupshell.go (a pty's process starts in the setup jail: environment.StartSetupShell)"
 )
 
 // sqlExempt are the files outside db/ allowed SQL text, by name: first-start bootstrap and demo
@@ -51,7 +52,15 @@ var insertMethods = map[string]bool{"Insert": true, "InsertTx": true, "InsertMan
 const (
 	enqueueDoor = "jobs/nodes_queue.go"
 	routeTable  = "handlers/routes.go"
+	ptyDoor     = "environment/setupshell.go"
 )
+
+// ptyExempt are the files besides the pty door allowed creack/pty, by name: the podman plugin is
+// a program of its own, whose terminal is podman exec into the lease's container (the plugin's
+// containment, docs/plugins.md); Berth's side of it is environment.PluginTerminal, a stream.
+var ptyExempt = map[string]bool{
+	"cmd/berth-driver-podman/services.go": true,
+}
 
 // check walks root's Go files and returns every violation, in file order.
 func check(root string) ([]violation, error) {
@@ -99,11 +108,12 @@ func checkFile(fset *token.FileSet, rel string, f *ast.File) []violation {
 	inDB := strings.HasPrefix(rel, "db/")
 	inHandlers := strings.HasPrefix(rel, "handlers/")
 
-	if inHandlers {
-		for _, imp := range f.Imports {
-			if p, _ := strconv.Unquote(imp.Path.Value); p == "os/exec" {
-				at(imp, ruleExec)
-			}
+	for _, imp := range f.Imports {
+		switch p, _ := strconv.Unquote(imp.Path.Value); {
+		case p == "os/exec" && inHandlers:
+			at(imp, ruleExec)
+		case (p == "github.com/creack/pty" || strings.HasPrefix(p, "github.com/creack/pty/")) && rel != ptyDoor && !ptyExempt[rel]:
+			at(imp, rulePty)
 		}
 	}
 	ast.Inspect(f, func(n ast.Node) bool {
