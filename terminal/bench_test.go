@@ -83,7 +83,7 @@ func (t *rawTerm) close() {
 
 // berthServer is the bridge as production serves it: a Registry with the default options, a
 // gorilla upgrader with the handler's buffer sizes, Serve with an authorizer that admits any
-// token, and a transcript appended to a file per write the way terminal/imagesetup does.
+// token, and the transcript file terminal/imagesetup gives a session (TranscriptFile).
 type berthServer struct {
 	reg *Registry
 	ts  *httptest.Server
@@ -104,26 +104,11 @@ func newBerthServer(tb testing.TB) *berthServer {
 		}
 		start, _ := s.starts.Load(id)
 		_ = s.reg.Serve(context.Background(), conn, id, func(context.Context, string) (Attach, error) {
-			return Attach{Start: start.(func() (Pty, error)), Transcript: appendFile(s.dir + "/" + id + ".transcript")}, nil
+			return Attach{Start: start.(func() (Pty, error)), Transcript: TranscriptFile(s.dir + "/" + id + ".transcript")}, nil
 		})
 	}))
 	tb.Cleanup(s.ts.Close)
 	return s
-}
-
-// appendFile mirrors terminal/imagesetup's transcript writer: open, append, close on every write.
-type appendFile string
-
-func (a appendFile) Write(b []byte) (int, error) {
-	f, err := os.OpenFile(string(a), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		return 0, err
-	}
-	n, err := f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return n, err
 }
 
 // berthTerm is a client of the bridge speaking the protocol of docs/terminal.md.
