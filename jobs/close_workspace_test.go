@@ -2,8 +2,6 @@ package jobs
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +13,7 @@ import (
 
 	"berth/db"
 	"berth/db/dbtest"
+	"berth/jobs/internal/jobstest"
 	"berth/workspace"
 )
 
@@ -28,23 +27,16 @@ type closeFixture struct {
 
 func newCloseFixture(t *testing.T) closeFixture {
 	t.Helper()
-	ctx := context.Background()
 	pool := dbtest.New(t)
 	mgr, err := workspace.NewManager(t.TempDir(), workspace.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := db.CreateCompany(ctx, pool, "Acme", "acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := db.CreateProject(ctx, pool, c.ID, db.ProjectFields{Name: "P", Key: "PRJ", Policy: db.ExecutionPolicy{
-		DefaultMode: "isolated", Strategy: "copy", BranchTemplate: "berth/{task_key}"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := Deps{Pool: pool, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Workspaces: mgr, NodeID: "test"}
-	return closeFixture{t: t, w: &CloseWorkspaceWorker{runWorker: runWorker{deps: d}}, company: c.ID, project: p.ID}
+	company := jobstest.Company(t, pool)
+	project := jobstest.Project(t, pool, company, db.ExecutionPolicy{DefaultMode: "isolated", Strategy: "copy",
+		BranchTemplate: "berth/{task_key}"})
+	d := Deps{Pool: pool, Log: jobstest.Log(), Workspaces: mgr, NodeID: "test"}
+	return closeFixture{t: t, w: &CloseWorkspaceWorker{runWorker: runWorker{deps: d}}, company: company, project: project}
 }
 
 // closing records a copy workspace with ref that is being closed at generation 2.

@@ -10,6 +10,7 @@ import (
 
 	"berth/db"
 	"berth/db/dbtest"
+	"berth/jobs/internal/jobstest"
 )
 
 // TestNodeQueue: a node id that is a River queue name keeps its name; others (capitals, dots,
@@ -76,7 +77,7 @@ func TestTakeOverDeadNode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	d := Deps{Pool: w.pool, Log: discardLog(), NodeID: "live1", Executing: NewExecuting("live1")}
+	d := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "live1", Executing: NewExecuting("live1")}
 	// Not yet dead by a minute's measure.
 	if n, err := TakeOverDeadNodes(ctx, d, w.ins, time.Minute); err != nil || n != 0 {
 		t.Fatalf("takeover before dead-after: %d %v", n, err)

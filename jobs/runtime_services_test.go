@@ -6,6 +6,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/jobs/internal/jobstest"
 )
 
 // TestSweepEnqueuesServiceStart: the services part of the sweep is services.Reconcile with this
@@ -38,8 +39,8 @@ func TestSweepEnqueuesServiceStart(t *testing.T) {
 		SupervisorID: "n1@gone", Command: def.Command}); err != nil {
 		t.Fatal(err)
 	}
-	d := Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: NewExecuting("n1")}
-	if err := (sweeper{deps: d, log: discardLog(), ins: w.ins}).sweepServices(ctx, true); err != nil {
+	d := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: NewExecuting("n1")}
+	if err := (sweeper{deps: d, log: jobstest.Log(), ins: w.ins}).sweepServices(ctx, true); err != nil {
 		t.Fatal(err)
 	}
 	r, err := db.RuntimeServiceForProxy(ctx, w.pool, svc.ID)

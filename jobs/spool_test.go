@@ -22,6 +22,7 @@ import (
 	"berth/environment/jail/jailtest"
 
 	"berth/environment/datadir"
+	"berth/jobs/internal/jobstest"
 )
 
 // TestSpoolFiles: an outcome is saved atomically with private modes, read back whole, listed,
@@ -31,7 +32,7 @@ func TestSpoolFiles(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
 	sp := spoolOf(datadir.At(data))
-	id := randomUUID()
+	id := jobstest.UUID()
 	exit := 3
 	o := runOutcome{RunID: id, Status: db.RunFailed, ErrorCode: codeCommandFailed, ErrorMessage: "exit 3", ExitCode: &exit,
 		Log: []byte("first\nLAST\n"), LogHead: 11, LogTotal: 11}
@@ -81,7 +82,7 @@ func TestSpoolFiles(t *testing.T) {
 		t.Fatalf("second remove: %v", err)
 	}
 
-	bad := randomUUID()
+	bad := jobstest.UUID()
 	if err := os.WriteFile(filepath.Join(data, "spool", "runs", bad+".json"), []byte(`{"run_id":"`), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestSpoolReplayAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	d := Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: e, Data: datadir.At(data)}
+	d := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: e, Data: datadir.At(data)}
 	if err := SweepOrphans(ctx, d); err != nil {
 		t.Fatal(err)
 	}
@@ -205,10 +206,10 @@ func TestFinalizeOutageCostsNoAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	w := &FinalizeWorker{runWorker: runWorker{deps: Deps{Pool: pool, Log: discardLog()}}}
+	w := &FinalizeWorker{runWorker: runWorker{deps: Deps{Pool: pool, Log: jobstest.Log()}}}
 	for _, attempt := range []int{1, finalizeAttempts} {
 		job := &river.Job[FinalizeArgs]{JobRow: &rivertype.JobRow{Attempt: attempt, MaxAttempts: finalizeAttempts},
-			Args: FinalizeArgs{RunID: randomUUID()}}
+			Args: FinalizeArgs{RunID: jobstest.UUID()}}
 		var snooze *rivertype.JobSnoozeError
 		if err := w.Work(context.Background(), job); !errors.As(err, &snooze) {
 			t.Fatalf("attempt %d against an unreachable database = %v, want a snooze", attempt, err)
@@ -216,8 +217,8 @@ func TestFinalizeOutageCostsNoAttempt(t *testing.T) {
 	}
 	// execute_run has one attempt, the command's: an outage before the command starts snoozes
 	// it too instead of spending that attempt (and leaving the run to the orphan sweep).
-	ew := &ExecuteRunWorker{runWorker: runWorker{deps: Deps{Pool: pool, Log: discardLog()}}}
-	ejob := &river.Job[ExecuteRunArgs]{JobRow: &rivertype.JobRow{Attempt: 1, MaxAttempts: 1}, Args: ExecuteRunArgs{RunID: randomUUID()}}
+	ew := &ExecuteRunWorker{runWorker: runWorker{deps: Deps{Pool: pool, Log: jobstest.Log()}}}
+	ejob := &river.Job[ExecuteRunArgs]{JobRow: &rivertype.JobRow{Attempt: 1, MaxAttempts: 1}, Args: ExecuteRunArgs{RunID: jobstest.UUID()}}
 	var snooze *rivertype.JobSnoozeError
 	if err := ew.Work(context.Background(), ejob); !errors.As(err, &snooze) {
 		t.Fatalf("execute_run against an unreachable database = %v, want a snooze", err)
@@ -259,7 +260,7 @@ func BenchmarkSpoolSave(b *testing.B) {
 		b.Run(fmt.Sprintf("log=%dKiB", size>>10), func(b *testing.B) {
 			sp := spoolOf(datadir.At(jailtest.Dir(b)))
 			exit := 1
-			o := runOutcome{RunID: randomUUID(), Status: db.RunFailed, ErrorCode: codeCommandFailed, ExitCode: &exit,
+			o := runOutcome{RunID: jobstest.UUID(), Status: db.RunFailed, ErrorCode: codeCommandFailed, ExitCode: &exit,
 				Log: bytes.Repeat([]byte("x"), size), LogHead: size, LogTotal: int64(size)}
 			b.ResetTimer()
 			start := time.Now()

@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +22,7 @@ import (
 	"berth/db"
 	"berth/db/dbtest"
 	"berth/environment"
+	"berth/jobs/internal/jobstest"
 	"berth/workspace"
 )
 
@@ -81,39 +80,22 @@ func newSweepWorld(t *testing.T) *sweepWorld {
 	t.Helper()
 	ctx := context.Background()
 	w := &sweepWorld{t: t, pool: dbtest.New(t)}
-	co, err := db.CreateCompany(ctx, w.pool, "Acme", "acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.company = co.ID
+	w.company = jobstest.Company(t, w.pool)
 	u, err := db.CreateUser(ctx, w.pool, "board@example.com", "x", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, err := environment.Config{Driver: "local"}.Document()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := db.CreateEnvironment(ctx, w.pool, db.NewEnvironment{ID: randomUUID(), CompanyID: w.company, Name: "local",
-		Driver: "local", Config: doc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.env = env.ID
-	p, err := db.CreateProject(ctx, w.pool, w.company, db.ProjectFields{Name: "P", Key: "PRJ", Policy: db.ExecutionPolicy{
-		DefaultMode: "isolated", EnvironmentID: env.ID, Strategy: "copy"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.project = p.ID
-	task, err := db.CreateTask(ctx, w.pool, w.company, p.ID, u.ID, db.TaskFields{Title: "T", Command: "true",
+	w.env = jobstest.LocalEnvironment(t, w.pool, w.company)
+	w.project = jobstest.Project(t, w.pool, w.company, db.ExecutionPolicy{DefaultMode: "isolated", EnvironmentID: w.env,
+		Strategy: "copy"})
+	task, err := db.CreateTask(ctx, w.pool, w.company, w.project, u.ID, db.TaskFields{Title: "T", Command: "true",
 		Trust: "standard", WorkspaceMode: "inherit"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.task, w.user = task.ID, u.ID
 	w.space = w.workspace()
-	w.ins, err = NewClient(Deps{Pool: w.pool, Log: discardLog()}, ClientOptions{Work: false})
+	w.ins, err = NewClient(Deps{Pool: w.pool, Log: jobstest.Log()}, ClientOptions{Work: false})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,16 +197,6 @@ func exited(gone <-chan struct{}, within time.Duration) bool {
 	}
 }
 
-func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func randomUUID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-}
-
 // TestSweepOrphans runs the startup sweep of a restarted node "n1" over runs in every situation
 // the verdict distinguishes, on real PostgreSQL, River job rows and processes.
 func TestSweepOrphans(t *testing.T) {
@@ -269,7 +241,7 @@ func TestSweepOrphans(t *testing.T) {
 	w.job(ExecuteRunArgs{RunID: alive}, "n2@x", 5*time.Minute)
 	fresh := w.run(db.RunQueued, "", 0)
 
-	if err := SweepOrphans(ctx, Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: e}); err != nil {
+	if err := SweepOrphans(ctx, Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: e}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -326,7 +298,7 @@ func TestSweepOrphans(t *testing.T) {
 	}
 
 	// A second sweep finds nothing more to do and enqueues nothing twice.
-	if err := SweepOrphans(ctx, Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: e}); err != nil {
+	if err := SweepOrphans(ctx, Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: e}); err != nil {
 		t.Fatal(err)
 	}
 	if n := w.count(`SELECT count(*) FROM river_job WHERE kind = 'finalize'`); n != 4 {
@@ -350,7 +322,7 @@ func TestSweepSharedNodeID(t *testing.T) {
 	}
 	id := w.run(db.RunRunning, "n1", 0)
 	w.job(ExecuteRunArgs{RunID: id}, other.ClientID(), 0)
-	deps := Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: me}
+	deps := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: me}
 	if err := SweepOrphans(ctx, deps); err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +363,7 @@ func TestRescuedJobsDoNotRerun(t *testing.T) {
 		if _, err := w.pool.Exec(ctx, `UPDATE runs SET command = $2 WHERE id = $1`, id, "echo x >> "+marker); err != nil {
 			t.Fatal(err)
 		}
-		rw := runWorker{deps: Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: NewExecuting("n1")}}
+		rw := runWorker{deps: Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: NewExecuting("n1")}}
 		row := &rivertype.JobRow{Attempt: 2, MaxAttempts: 10}
 		if err := (&ExecuteRunWorker{runWorker: rw}).Work(ctx, &river.Job[ExecuteRunArgs]{JobRow: row, Args: ExecuteRunArgs{RunID: id}}); err != nil {
 			t.Errorf("%s run: execute_run retry = %v", status, err)
@@ -432,7 +404,7 @@ func TestRunMiddleware(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := NewExecuting("n1")
-	m := &runMiddleware{deps: Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: e}}
+	m := &runMiddleware{deps: Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: e}}
 	args, _ := json.Marshal(ProvisionArgs{RunID: id})
 	err = m.Work(ctx, &rivertype.JobRow{Kind: "provision", EncodedArgs: args}, func(ctx context.Context) error {
 		if !e.Has(id) {
@@ -480,7 +452,7 @@ func TestSettleOperations(t *testing.T) {
 	}
 	settled := []string{op(ended, "setup", 20*time.Minute), op(live, "setup", 2*time.Hour), op("", "cleanup", 2*time.Hour)}
 	kept := []string{op(ended, "finalize", 20*time.Minute), op(ended, "setup", 5*time.Minute), op(live, "setup", 20*time.Minute)}
-	if err := sweepOrphans(ctx, Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1"}, false); err != nil {
+	if err := sweepOrphans(ctx, Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1"}, false); err != nil {
 		t.Fatal(err)
 	}
 	status := func(id string) string {
@@ -532,7 +504,7 @@ func TestUnmanagedReport(t *testing.T) {
 	if err := os.Chtimes(junk, old, old); err != nil {
 		t.Fatal(err)
 	}
-	deps := Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Workspaces: mgr, Executing: NewExecuting("n1")}
+	deps := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Workspaces: mgr, Executing: NewExecuting("n1")}
 	reports := func() []unmanagedReport {
 		t.Helper()
 		rows, err := w.pool.Query(ctx, `SELECT details FROM audit_events WHERE action = 'workspace.unmanaged_reported'
@@ -608,7 +580,7 @@ func TestExpireLeasesAndCleanup(t *testing.T) {
 	e := NewExecuting("n1")
 	defer e.add(id)()
 	_, gone := tagged(t, id)
-	client, err := NewClient(Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1", Executing: e}, ClientOptions{Work: true, MaxWorkers: 4})
+	client, err := NewClient(Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: e}, ClientOptions{Work: true, MaxWorkers: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -644,7 +616,7 @@ func TestExpireLeasesAndCleanup(t *testing.T) {
 		t.Fatalf("%d lease.expired events", n)
 	}
 	// A second cleanup of the same lease (an admin retry racing the first) changes nothing.
-	cw := &CleanupLeaseWorker{deps: Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1"}}
+	cw := &CleanupLeaseWorker{deps: Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1"}}
 	if err := cw.Work(ctx, &river.Job[CleanupLeaseArgs]{JobRow: &rivertype.JobRow{Attempt: 1, MaxAttempts: 5},
 		Args: CleanupLeaseArgs{LeaseID: lease.ID}}); err != nil {
 		t.Fatalf("second cleanup: %v", err)
@@ -667,7 +639,7 @@ func TestCleanupLeaseOtherNodeAndLiveLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cw := &CleanupLeaseWorker{deps: Deps{Pool: w.pool, Log: discardLog(), NodeID: "n1"}}
+	cw := &CleanupLeaseWorker{deps: Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1"}}
 	job := &river.Job[CleanupLeaseArgs]{JobRow: &rivertype.JobRow{Attempt: 1, MaxAttempts: 5}, Args: CleanupLeaseArgs{LeaseID: lease.ID}}
 	var cancel *river.JobCancelError
 	if err := cw.Work(ctx, job); err == nil || !errors.As(err, &cancel) {

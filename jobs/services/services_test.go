@@ -2,11 +2,9 @@ package services
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,6 +21,7 @@ import (
 	"berth/environment/datadir"
 	"berth/environment/jail"
 	"berth/environment/jail/jailtest"
+	"berth/jobs/internal/jobstest"
 	"berth/workspace"
 )
 
@@ -62,26 +61,17 @@ func newServiceWorldDef(t *testing.T, def db.ServiceDefinition) serviceWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := db.CreateCompany(ctx, pool, "Acme", "acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := db.CreateProject(ctx, pool, c.ID, db.ProjectFields{Name: "P", Key: "PRJ", Policy: db.ExecutionPolicy{
-		DefaultMode: "shared", Strategy: "copy", BranchTemplate: "berth/{task_key}"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, err := db.CreateEnvironment(ctx, pool, db.NewEnvironment{ID: randomUUID(), CompanyID: c.ID, Name: "local", Driver: "local", Config: []byte(`{}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pw, err := db.CreateProjectWorkspace(ctx, pool, c.ID, p.ID, db.ProjectWorkspaceFields{Name: "main", SourceType: "directory",
+	company := jobstest.Company(t, pool)
+	project := jobstest.Project(t, pool, company, db.ExecutionPolicy{DefaultMode: "shared", Strategy: "copy",
+		BranchTemplate: "berth/{task_key}"})
+	env := jobstest.LocalEnvironment(t, pool, company)
+	pw, err := db.CreateProjectWorkspace(ctx, pool, company, project, db.ProjectWorkspaceFields{Name: "main", SourceType: "directory",
 		Source: src, Services: []db.ServiceDefinition{def}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, _ := json.Marshal(workspace.Plan{EnvironmentID: env.ID, ServicesAllowed: true})
-	ws, err := db.CreateExecutionWorkspace(ctx, pool, db.NewExecutionWorkspace{CompanyID: c.ID, ProjectID: p.ID,
+	plan, _ := json.Marshal(workspace.Plan{EnvironmentID: env, ServicesAllowed: true})
+	ws, err := db.CreateExecutionWorkspace(ctx, pool, db.NewExecutionWorkspace{CompanyID: company, ProjectID: project,
 		ProjectWorkspaceID: pw.ID, Mode: "shared", Strategy: "shared", Trust: "standard", Ref: res.Ref, Plan: plan})
 	if err != nil {
 		t.Fatal(err)
@@ -89,10 +79,10 @@ func newServiceWorldDef(t *testing.T, def db.ServiceDefinition) serviceWorld {
 	if ws, err = db.MarkExecutionWorkspaceReady(ctx, pool, ws.ID, ws.Generation, db.Realized{}); err != nil {
 		t.Fatal(err)
 	}
-	node := "svc-" + randomUUID()[:8]
-	d := Deps{Pool: pool, Log: discardLog(), Workspaces: mgr, NodeID: node, SupervisorID: node + "@first", Data: datadir.At(data),
+	node := "svc-" + jobstest.UUID()[:8]
+	d := Deps{Pool: pool, Log: jobstest.Log(), Workspaces: mgr, NodeID: node, SupervisorID: node + "@first", Data: datadir.At(data),
 		Jail: &h, Masks: []string{data}}
-	svc, err := db.EnsureRuntimeService(ctx, pool, c.ID, ws.ID, pw.ID, def)
+	svc, err := db.EnsureRuntimeService(ctx, pool, company, ws.ID, pw.ID, def)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,16 +111,6 @@ func (s *starts) enqueue(_ context.Context, tx pgx.Tx, id string) error {
 	}
 	*s = append(*s, id)
 	return nil
-}
-
-func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func randomUUID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 func get(t *testing.T, port int) string {
