@@ -84,7 +84,7 @@ func (s *Server) discardAttemptsAPI(w http.ResponseWriter, r *http.Request, p *p
 func errAttemptsDecided(g db.AttemptGroup) error {
 	return &httpError{Status: http.StatusConflict, Code: "attempts_decided",
 		Message: "These attempts were already decided or changed since you read them (generation " +
-			itoa64(g.Generation) + ", " + g.Status + "). Read them again.",
+			strconv.FormatInt(g.Generation, 10) + ", " + g.Status + "). Read them again.",
 		Extra: map[string]any{"generation": g.Generation, "status": g.Status}}
 }
 
@@ -153,5 +153,3 @@ func (s *Server) decideAttempts(ctx context.Context, r *http.Request, a access, 
 	})
 	return g, err
 }
-
-func itoa64(n int64) string { return strconv.FormatInt(n, 10) }
