@@ -5,9 +5,12 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"berth/db/dbtest"
 	"berth/jobs"
 )
 
@@ -66,5 +69,48 @@ func TestUnmanagedPage(t *testing.T) {
 	}
 	if resp := e.do(e.browser(r.Board), http.MethodGet, "/admin/workspaces", nil, nil); resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("board member = %d, want 404", resp.StatusCode)
+	}
+}
+
+// TestJobsUIServicesRunWhileUsed: the River UI's background services are not running until the
+// UI is asked for, run while it is used, stop after the idle time, and start again on the next
+// request.
+func TestJobsUIServicesRunWhileUsed(t *testing.T) {
+	t.Parallel()
+	pool := dbtest.New(t)
+	client, err := jobs.NewClient(jobs.Deps{Pool: pool, Log: slog.New(slog.DiscardHandler)}, jobs.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewJobsUI(t.Context(), client, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ui := h.(*jobsUI)
+	ui.idle = 300 * time.Millisecond
+	running := func() bool { ui.mu.Lock(); defer ui.mu.Unlock(); return ui.stop != nil }
+	if running() {
+		t.Fatal("the services run before anyone asked for the UI")
+	}
+	get := func() {
+		rec := httptest.NewRecorder()
+		ui.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, adminJobsPrefix+"/api/jobs?state=available&limit=1", nil))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("jobs API = %d", rec.Code)
+		}
+	}
+	for round := range 2 {
+		get()
+		if !running() {
+			t.Fatalf("round %d: a request did not start the services", round)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for running() && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if running() {
+			t.Fatalf("round %d: the services still run after the idle time", round)
+		}
+		time.Sleep(100 * time.Millisecond) // let the stop finish before the next start
 	}
 }
