@@ -71,19 +71,22 @@ func RegisterNode(ctx context.Context, q Querier, r NodeRegistration) error {
 	return nil
 }
 
-// HeartbeatNode renews a node's heartbeat. ErrNodeTakenOver: the others took over this life of
+// HeartbeatNode renews a node's heartbeat and reports whether some other node has been silent for
+// deadAfter without being taken over (so the heartbeat is also the look for dead nodes, and a
+// cluster of live nodes pays nothing more). ErrNodeTakenOver: the others took over this life of
 // the node (it was silent too long); ErrNotFound: its row is gone.
-func HeartbeatNode(ctx context.Context, q Querier, id string) error {
+func HeartbeatNode(ctx context.Context, q Querier, id string, deadAfter time.Duration) (othersDead bool, err error) {
 	var taken bool
-	err := q.QueryRow(ctx, `UPDATE nodes SET heartbeat_at = CASE WHEN taken_over_at IS NULL THEN now() ELSE heartbeat_at END
-		WHERE id = $1 RETURNING taken_over_at IS NOT NULL`, id).Scan(&taken)
+	err = q.QueryRow(ctx, `UPDATE nodes SET heartbeat_at = CASE WHEN taken_over_at IS NULL THEN now() ELSE heartbeat_at END
+		WHERE id = $1 RETURNING taken_over_at IS NOT NULL, EXISTS (SELECT 1 FROM nodes d WHERE d.id <> $1
+			AND d.taken_over_at IS NULL AND d.heartbeat_at < now() - $2::interval)`, id, deadAfter).Scan(&taken, &othersDead)
 	if err != nil {
-		return fmt.Errorf("node heartbeat: %w", notFound(err))
+		return false, fmt.Errorf("node heartbeat: %w", notFound(err))
 	}
 	if taken {
-		return ErrNodeTakenOver
+		return othersDead, ErrNodeTakenOver
 	}
-	return nil
+	return othersDead, nil
 }
 
 // nodeColumns reads a node with its holdings; $1 is the dead-after interval.

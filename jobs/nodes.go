@@ -26,8 +26,10 @@ type NodeTiming struct {
 	Heartbeat time.Duration
 	// DeadAfter: a node silent this long is dead (30 s).
 	DeadAfter time.Duration
-	// Takeover is how often a node looks for dead nodes to take over (10 s), so a dead node's
-	// holdings are settled within DeadAfter + Takeover of its last heartbeat.
+	// Takeover is how often a node takes over dead nodes its heartbeats saw (10 s), so a dead
+	// node's holdings are settled within DeadAfter + Takeover + Heartbeat of its last heartbeat.
+	// Seeing them costs nothing more: each heartbeat's statement also says whether some node is
+	// silent (db.HeartbeatNode).
 	Takeover time.Duration
 }
 
@@ -50,6 +52,8 @@ type NodeKeeper struct {
 	// healthySince is when this node's heartbeats began to succeed without a failure in
 	// between (zero while they fail): see mayJudge.
 	healthySince time.Time
+	// othersDead: the last heartbeat saw a node silent for DeadAfter and not taken over yet.
+	othersDead bool
 }
 
 // NewNodeKeeper makes the keeper of node reg.ID; ins enqueues the takeover's jobs (an
@@ -85,7 +89,7 @@ func (k *NodeKeeper) Run(ctx context.Context) {
 		case <-beat.C:
 			k.heartbeat(ctx)
 		case <-look.C:
-			if !k.mayJudge(time.Now()) {
+			if !k.othersDead || !k.mayJudge(time.Now()) {
 				continue
 			}
 			if _, err := TakeOverDeadNodes(ctx, k.deps, k.ins, k.timing.DeadAfter); err != nil && ctx.Err() == nil {
@@ -99,7 +103,8 @@ func (k *NodeKeeper) Run(ctx context.Context) {
 // database outage, a paused machine) registers a new life, and what it still runs finds its
 // runs ended and its leases fenced.
 func (k *NodeKeeper) heartbeat(ctx context.Context) {
-	err := db.HeartbeatNode(ctx, k.deps.Pool, k.reg.ID)
+	othersDead, err := db.HeartbeatNode(ctx, k.deps.Pool, k.reg.ID, k.timing.DeadAfter)
+	k.othersDead = othersDead
 	if errors.Is(err, db.ErrNodeTakenOver) || errors.Is(err, db.ErrNotFound) {
 		k.log.Warn("this node was declared dead by the others; registering again")
 		err = k.Register(ctx)

@@ -77,6 +77,14 @@ func TestTakeOverDeadNode(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The live node's heartbeat is its look for dead nodes: it sees dead1 by 30 s, not by a minute.
+	if seen, err := db.HeartbeatNode(ctx, w.pool, "live1", time.Minute); err != nil || seen {
+		t.Fatalf("heartbeat saw a dead node by a minute's measure: %v %v", seen, err)
+	}
+	if seen, err := db.HeartbeatNode(ctx, w.pool, "live1", 30*time.Second); err != nil || !seen {
+		t.Fatalf("heartbeat did not see the node silent for 40 s: %v %v", seen, err)
+	}
+
 	d := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "live1", Executing: NewExecuting("live1")}
 	// Not yet dead by a minute's measure.
 	if n, err := TakeOverDeadNodes(ctx, d, w.ins, time.Minute); err != nil || n != 0 {
@@ -129,13 +137,16 @@ func TestTakeOverDeadNode(t *testing.T) {
 	if n, err := TakeOverDeadNodes(ctx, d, w.ins, 30*time.Second); err != nil || n != 0 {
 		t.Fatalf("second takeover: %d %v", n, err)
 	}
-	if err := db.HeartbeatNode(ctx, w.pool, "dead1"); err != db.ErrNodeTakenOver {
+	if seen, err := db.HeartbeatNode(ctx, w.pool, "live1", 30*time.Second); err != nil || seen {
+		t.Fatalf("heartbeat still sees the node taken over: %v %v", seen, err)
+	}
+	if _, err := db.HeartbeatNode(ctx, w.pool, "dead1", 30*time.Second); err != db.ErrNodeTakenOver {
 		t.Fatalf("heartbeat of a taken-over node: %v", err)
 	}
 	if err := db.RegisterNode(ctx, w.pool, db.NodeRegistration{ID: "dead1", Kind: db.NodeWorker, Works: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.HeartbeatNode(ctx, w.pool, "dead1"); err != nil {
+	if _, err := db.HeartbeatNode(ctx, w.pool, "dead1", 30*time.Second); err != nil {
 		t.Fatalf("heartbeat after registering again: %v", err)
 	}
 	if alive, _ := db.NodeAlive(ctx, w.pool, "dead1", 30*time.Second); !alive {
