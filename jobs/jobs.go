@@ -151,25 +151,6 @@ func Workers(d Deps) (*river.Workers, error) {
 	return w, nil
 }
 
-// PeriodicJobs is the schedule the elected leader enqueues.
-func PeriodicJobs() []*river.PeriodicJob {
-	return []*river.PeriodicJob{
-		river.NewPeriodicJob(river.PeriodicInterval(HousekeepingInterval),
-			func() (river.JobArgs, *river.InsertOpts) { return HousekeepingArgs{}, nil },
-			&river.PeriodicJobOpts{ID: "housekeeping", RunOnStart: true}),
-		// Recovery (sweep.go, leases.go); a restarting node also sweeps once directly.
-		river.NewPeriodicJob(river.PeriodicInterval(SweepInterval),
-			func() (river.JobArgs, *river.InsertOpts) { return SweepOrphansArgs{}, nil },
-			&river.PeriodicJobOpts{ID: "sweep_orphans", RunOnStart: true}),
-		river.NewPeriodicJob(river.PeriodicInterval(ExpireLeasesInterval),
-			func() (river.JobArgs, *river.InsertOpts) { return ExpireLeasesArgs{}, nil },
-			&river.PeriodicJobOpts{ID: "expire_leases", RunOnStart: true}),
-		river.NewPeriodicJob(river.PeriodicInterval(ExpireSetupSessionsInterval),
-			func() (river.JobArgs, *river.InsertOpts) { return ExpireSetupSessionsArgs{}, nil },
-			&river.PeriodicJobOpts{ID: "expire_setup_sessions", RunOnStart: true}),
-	}
-}
-
 // ClientOptions chooses between a working client and an insert-only one.
 type ClientOptions struct {
 	// Work makes the client fetch and run jobs; false gives an insert-only client for web replicas.
@@ -183,14 +164,14 @@ type ClientOptions struct {
 // for retried and scheduled jobs. 50 ms cost ~40 queries/s on an idle server (two queues). River
 // drops an insert's notification when the queue was notified within FetchCooldown, hence the
 // 1 ms cooldown: with 5 ms, quick job chains waited for this poll (docs/jobs.md).
-const fetchPollInterval = 5 * time.Second
+const fetchPollInterval = 30 * time.Second
 
 // tunedConfig is the client configuration every Berth process uses: a 1 ms fetch cooldown on top
 // of LISTEN/NOTIFY for low pickup latency, and a fallback poll that costs an idle server little
 // (docs/jobs.md).
 func tunedConfig(d Deps, workers *river.Workers) *river.Config {
 	return &river.Config{
-		Logger:            d.Log.With("component", "river"),
+		Logger:            riverLogger(d.Log),
 		Workers:           workers,
 		FetchCooldown:     time.Millisecond,
 		FetchPollInterval: fetchPollInterval,
@@ -219,7 +200,7 @@ func NewClient(d Deps, opts ClientOptions) (*river.Client[pgx.Tx], error) {
 		if q := NodeQueue(d.NodeID); q != river.QueueDefault { // work bound to this node's disk (nodes_queue.go)
 			cfg.Queues[q] = river.QueueConfig{MaxWorkers: max(opts.MaxWorkers, 1)}
 		}
-		cfg.PeriodicJobs = PeriodicJobs()
+		cfg.PeriodicJobs = PeriodicJobs(d)
 	}
 	client, err := river.NewClient(riverpgxv5.New(d.Pool), cfg)
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 // cleanup" (which enqueues cleanup_lease again).
 
 // ExpireLeasesInterval is how often the leader enqueues expire_leases.
-const ExpireLeasesInterval = 15 * time.Second
+const ExpireLeasesInterval = 30 * time.Second
 
 // expireBatch is how many leases one transaction expires.
 const expireBatch = 100

@@ -62,7 +62,7 @@ func BenchmarkIdleServer(b *testing.B) {
 
 		// A page left open: the SSE stream of a signed-in browser.
 		stop := holdSSE(b, base)
-		time.Sleep(5 * time.Second) // let the run's last jobs and stats flushes drain
+		time.Sleep(12 * time.Second) // the run's last jobs drain, and an idle backend flushes its stats within 10 s
 		b.ResetTimer()
 		tx0, cpu0, t0 := dbTransactions(b, w), processCPU(b, cmd.Process.Pid), time.Now()
 		tables0 := tableScans(b, w)
