@@ -75,6 +75,7 @@ func New(o Options) *Server {
 	s := &Server{backend: o.Backend, poll: o.PollInterval}
 	s.sdk = sdk.NewServer(&sdk.Implementation{Name: "berth", Title: "Berth", Version: o.Version}, &sdk.ServerOptions{
 		Instructions: instructions, Logger: o.Logger})
+	s.sdk.AddReceivingMiddleware(flatResults)
 	s.addTaskTools()
 	s.addFileTools()
 	s.addRunTools()
