@@ -14,6 +14,9 @@ const maxJSONBody = 1 << 20
 
 // writeJSON writes v with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	if k, ok := w.(valueKeeper); ok {
+		k.keepValue(v)
+	}
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
@@ -21,6 +24,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc.SetEscapeHTML(true)
 	_ = enc.Encode(v)
 }
+
+// valueKeeper is a response writer that also keeps the value writeJSON encodes (the MCP server's
+// in-process calls, mcp_endpoint.go), so that its consumer need not decode what was just encoded.
+type valueKeeper interface{ keepValue(v any) }
 
 // decodeJSON reads a request body into dst: any non-empty body must be application/json (415),
 // at most 1 MiB (413), one object with only known fields (400).

@@ -113,7 +113,7 @@ func (s *Server) mcpBackend(routes http.Handler) bmcp.Backend {
 		if rec.status == 0 {
 			rec.status = http.StatusOK
 		}
-		return bmcp.Reply{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}
+		return bmcp.Reply{Status: rec.status, Header: rec.header, Body: rec.body.Bytes(), Value: rec.value}
 	}
 }
 
@@ -122,6 +122,16 @@ type bufferedResponse struct {
 	header http.Header
 	status int
 	body   bytes.Buffer
+	value  any // what writeJSON encoded as the whole body, if it did
+}
+
+// keepValue keeps the value writeJSON is about to encode, if it is the body's first.
+func (b *bufferedResponse) keepValue(v any) {
+	if b.body.Len() == 0 && b.value == nil {
+		b.value = v
+	} else {
+		b.value = nil
+	}
 }
 
 func (b *bufferedResponse) Header() http.Header { return b.header }

@@ -39,6 +39,9 @@ type Reply struct {
 	Status int
 	Header http.Header
 	Body   []byte
+	// Value is the Go value the route encoded as Body, when it answered with one JSON value
+	// (nil otherwise): a tool may read it instead of decoding Body.
+	Value any
 }
 
 // Backend serves a Call through the API's route table as the principal that who identifies

@@ -2,13 +2,14 @@ package mcp
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"strconv"
 
-	"encoding/json"
-
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"berth/workspace"
 )
 
 // The file tools are the file-resource routes (docs/api.md "File resources"): paths relative to
@@ -117,11 +118,34 @@ func fileContent(r Reply) (*sdk.CallToolResult, any, error) {
 	if !r.ok() {
 		return toolError(r), nil, nil
 	}
+	text, rest, kept := keptContent(r.Value)
+	if !kept {
+		rest = r.Body
+	}
 	var meta map[string]any
-	if err := json.Unmarshal(r.Body, &meta); err != nil {
+	if err := json.Unmarshal(rest, &meta); err != nil {
 		return textResult(r.Body), nil, nil
 	}
-	text, _ := meta["content"].(string)
+	if !kept {
+		text, _ = meta["content"].(string)
+	}
 	delete(meta, "content")
 	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: text}}, StructuredContent: meta}, nil, nil
+}
+
+// keptContent splits the route's answer, kept as its value (Reply.Value), into the file's text
+// and the JSON of the rest, so the text is neither decoded nor copied.
+func keptContent(v any) (text string, rest []byte, ok bool) {
+	var err error
+	switch c := v.(type) {
+	case workspace.Content:
+		text, c.Content = c.Content, ""
+		rest, err = json.Marshal(c)
+	case workspace.RangeContent:
+		text, c.Content.Content = c.Content.Content, ""
+		rest, err = json.Marshal(c)
+	default:
+		return "", nil, false
+	}
+	return text, rest, err == nil
 }
