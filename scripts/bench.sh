@@ -62,6 +62,8 @@ run ./environment/oci/ 'BenchmarkImportVsCraneExport' 3x
 # Berth for agents (docs/mcp.md "Figures"): file_read of a 64 KiB file through MCP vs the REST file
 # API, and a tool call's overhead over the API call it makes (task_get vs GET /api/tasks/{id}).
 run ./handlers/ 'BenchmarkMCPFileRead|BenchmarkMCPToolCall' 300x
+# The SDK's own floor under that read: a 64 KiB text tool result vs a plain JSON handler, no Berth.
+run ./handlers/mcp/ 'BenchmarkMCPTextResult' 500x
 
 echo
 printf '%-58s %16s  %s\n' "benchmark" "value" "unit"
@@ -98,6 +100,8 @@ sb=$(metric BenchmarkAdmissionToStartSandbox p50-ms)
 [ -n "$sb" ] && echo "sandbox isolated worktree (small repo) admission-to-start p50: ${sb} ms (goal <= 50 ms)"
 mf=$(metric BenchmarkMCPFileRead ratio-p50)
 [ -n "$mf" ] && echo "MCP file_read of 64 KiB vs the REST file API, p50: ${mf}x ($(metric BenchmarkMCPFileRead mcp-p50-ms) vs $(metric BenchmarkMCPFileRead rest-p50-ms) ms; goal <= 1.5x)"
+mt=$(metric BenchmarkMCPTextResult flat-p50-ms)
+[ -n "$mt" ] && echo "the SDK alone, a 64 KiB text tool result, p50: ${mt} ms vs $(metric BenchmarkMCPTextResult json-p50-ms) ms for plain JSON ($(metric BenchmarkMCPTextResult sdk-p50-ms) ms with the SDK's own result encoding)"
 mo=$(metric BenchmarkMCPToolCall overhead-p50-ms)
 [ -n "$mo" ] && echo "MCP tool-call overhead over its API call, p50: ${mo} ms (goal <= 2 ms)"
 jr=$(metric BenchmarkJailStart ratio-p50)
