@@ -14,6 +14,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"berth/db"
+	"berth/environment/jail"
 )
 
 // viteModules is the node_modules holding vite that scripts/test-deps.sh installs
@@ -74,6 +75,13 @@ func testViteHMR(t *testing.T, strip bool) {
 	// The app's own node_modules, a copy of the installed one (the workspace is the app).
 	if out, err := exec.Command("cp", "-a", mods, filepath.Join(src, "node_modules")).CombinedOutput(); err != nil {
 		t.Fatalf("copy node_modules: %v %s", err, out)
+	}
+	// A shared workspace is the user's checkout, which under a root Berth must be writable by the
+	// run user (docs/security.md): Vite writes node_modules/.vite.
+	if os.Geteuid() == 0 {
+		if out, err := exec.Command("chown", "-R", jail.RunUser+":", src).CombinedOutput(); err != nil {
+			t.Fatalf("give the checkout to %s: %v %s", jail.RunUser, err, out)
+		}
 	}
 	if code, out := re.call(re.r.Board, "POST", "/api/execution-workspaces/"+ws.ID+"/runtime-services/start", map[string]any{"name": "vite"}); code != 202 {
 		t.Fatalf("start = %d %v", code, out)
