@@ -15,6 +15,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/jobs/spool"
 )
 
 // ExecuteRunArgs asks to run a prepared run's command.
@@ -187,7 +188,7 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	case res.ExitCode != 0:
 		status, code, msg = db.RunFailed, codeCommandFailed, fmt.Sprintf("The command exited with status %d.", res.ExitCode)
 	}
-	out := runOutcome{RunID: run.ID, Status: status, ErrorCode: code, ErrorMessage: msg}
+	out := spool.Outcome{RunID: run.ID, Status: status, ErrorCode: code, ErrorMessage: msg}
 	if !res.Started.IsZero() {
 		exit := res.ExitCode
 		out.ExitCode = &exit
@@ -195,7 +196,7 @@ func (w *ExecuteRunWorker) Work(ctx context.Context, job *river.Job[ExecuteRunAr
 	snap := log.Snapshot()
 	out.Log, out.LogHead, out.LogTotal, out.LogTruncated = snap.Data, snap.Head, snap.Total, snap.Truncated
 	runLog(w.deps.Log, run).InfoContext(ctx, "run command ended", "status", status, "exit_code", res.ExitCode, "error_code", code)
-	// The outcome is spooled and written whatever the database's state (spool_write.go).
+	// The outcome is spooled and written whatever the database's state (outcome.go, package jobs/spool).
 	return w.recordOutcome(ctx, run, out)
 }
 

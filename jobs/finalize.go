@@ -44,7 +44,7 @@ type FinalizeWorker struct {
 func (w *FinalizeWorker) Work(ctx context.Context, job *river.Job[FinalizeArgs]) error {
 	run, err := db.RunForJob(ctx, w.deps.Pool, job.Args.RunID)
 	if db.Unavailable(err) {
-		return river.JobSnooze(finalizeOutageWait) // an outage costs no attempt (spool_write.go)
+		return river.JobSnooze(finalizeOutageWait) // an outage costs no attempt (outcome.go)
 	}
 	if err != nil {
 		return err

@@ -123,7 +123,7 @@ func (k *NodeKeeper) heartbeat(ctx context.Context) {
 // mayJudge reports whether this node may declare others dead: only once its own heartbeats have
 // succeeded for a whole DeadAfter. After a database outage every node's heartbeat is old; the
 // first node back must give the others that long to beat again instead of taking over nodes
-// whose executors are alive and retrying their writes (jobs/spool.go).
+// whose executors are alive and retrying their writes (package jobs/spool).
 func (k *NodeKeeper) mayJudge(now time.Time) bool {
 	return !k.healthySince.IsZero() && now.Sub(k.healthySince) >= k.timing.DeadAfter
 }

@@ -15,6 +15,7 @@ import (
 	"berth/db"
 	"berth/environment"
 	"berth/environment/datadir"
+	"berth/jobs/spool"
 	"berth/workspace"
 )
 
@@ -26,7 +27,7 @@ import (
 // setup command end.
 //
 // A live run is orphaned when nothing can carry it on any more (and no outcome of it waits in this
-// node's spool, spool.go: its executor knew how it ended and the outcome is on its way):
+// node's spool, package jobs/spool: its executor knew how it ended and the outcome is on its way):
 //   - no provision or execute_run job of it waits for a worker, and none runs in this process
 //     (this process's Executing registry, or a running job fetched under this client id); and
 //   - either no such job is left at all and the run has been quiet (no heartbeat) for quietAfter;
@@ -221,9 +222,9 @@ func (s *sweeper) orphans(ctx context.Context) (int, error) {
 	}
 	n := 0
 	var errs []error
-	sp := spoolOf(s.deps.Data)
+	sp := spool.Of(s.deps.Data)
 	for _, c := range cands {
-		if sp.has(c.ID) {
+		if sp.Has(c.ID) {
 			continue // its executor's outcome waits in this node's spool, to be written (ReplaySpool)
 		}
 		reason, ok := verdict(c, s.deps.Executing, sole)

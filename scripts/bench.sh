@@ -29,7 +29,7 @@ run ./environment/ 'BenchmarkServiceStartToHealthy' 30x
 run ./handlers/ 'BenchmarkPreviewProxy$|BenchmarkPreviewWebSocket$' 1x
 run ./jobs/ 'BenchmarkRiverPickup' 500x
 run ./handlers/ 'BenchmarkSSEFanout' 200x
-run ./jobs/ 'BenchmarkSpoolSave' 50x
+run ./jobs/spool/ 'BenchmarkSpoolSave' 50x
 run ./db/ 'BenchmarkLeaseVsRawSkipLocked' 4s
 # Backups (docs/operations.md "Figures"): 1,000 runs, 50 MiB of artifacts, a 20 MiB layer; full, then incremental.
 run ./db/backup/ 'BenchmarkBackup1000Runs' 3x

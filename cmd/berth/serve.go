@@ -257,7 +257,7 @@ func (n *parts) startWork(ctx context.Context, nf *nodeFlags, getenv func(string
 		}
 	})
 	// Outcomes a stopped predecessor spooled are written (until done); the sweep leaves their
-	// runs alone meanwhile (jobs/spool.go).
+	// runs alone meanwhile (package jobs/spool).
 	go func() {
 		if err := jobs.ReplaySpool(ctx, n.deps); err != nil && ctx.Err() == nil {
 			n.log.Warn("run spool replay", "err", err)

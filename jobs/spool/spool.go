@@ -1,4 +1,16 @@
-package jobs
+// Package spool keeps the outcomes of runs on this node's disk until the database has them
+// (docs/runs.md "Durability"): when a run's command ends, its executor writes the outcome (status,
+// exit code, error code and message, the kept log) to <data dir>/spool/runs/<run id>.json before
+// it tries to record it in the database, and removes the file once the database has it. A
+// database outage therefore costs nothing but time: the executor retries until the write lands
+// (Dir.Record), and a process that dies meanwhile leaves the file for its successor on the node
+// to replay at startup (Dir.Replay). The spool lives under the data dir, which every jailed
+// command has masked, never inside a workspace.
+//
+// The package owns the spool directory and the retry and replay loops, their timing and their
+// log lines. It does not write the database itself: the run's final transaction (which enqueues
+// finalize) is package jobs', handed in as a Writer, and it imports nothing of jobs.
+package spool
 
 import (
 	"crypto/rand"
@@ -16,16 +28,8 @@ import (
 	"berth/environment/datadir"
 )
 
-// The run spool (docs/runs.md "Durability"): when a run's command ends, its executor writes the
-// outcome (status, exit code, error code and message, the kept log) to
-// <data dir>/spool/runs/<run id>.json before it tries to record it in the database, and removes
-// the file once the database has it. A database outage therefore costs nothing but time: the
-// executor retries until the write lands, and a process that dies meanwhile leaves the file for
-// its successor on the node to replay at startup. The spool lives under the data dir, which every
-// jailed command has masked, never inside a workspace.
-
-// runOutcome is a run's end as its executor saw it: everything its final transaction writes.
-type runOutcome struct {
+// Outcome is a run's end as its executor saw it: everything its final transaction writes.
+type Outcome struct {
 	RunID        string `json:"run_id"`
 	Status       string `json:"status"`
 	ErrorCode    string `json:"error_code"`
@@ -38,27 +42,28 @@ type runOutcome struct {
 	LogTruncated bool   `json:"log_truncated"`
 }
 
-func (o runOutcome) runLog() db.RunLog {
+// RunLog is the kept log as the run row stores it.
+func (o Outcome) RunLog() db.RunLog {
 	return db.RunLog{Data: o.Log, Head: o.LogHead, Total: o.LogTotal, Truncated: o.LogTruncated}
 }
 
-// spool is one node's directory of outcomes not yet in the database. The zero spool (no data
-// dir) keeps nothing on disk: the executor still holds the outcome in memory and retries.
-type spool struct {
+// Dir is one node's directory of outcomes not yet in the database. The zero Dir (no data dir)
+// keeps nothing on disk: the executor still holds the outcome in memory and retries.
+type Dir struct {
 	dir string
 }
 
-// spoolOf is the spool under a data dir.
-func spoolOf(data datadir.Layout) spool {
+// Of is the spool under a data dir.
+func Of(data datadir.Layout) Dir {
 	if data.Root == "" {
-		return spool{}
+		return Dir{}
 	}
-	return spool{dir: data.RunSpool()}
+	return Dir{dir: data.RunSpool()}
 }
 
 // path is where a run's outcome is spooled; ok is false for an id that is not a plain UUID, which
 // never names a file.
-func (s spool) path(runID string) (string, bool) {
+func (s Dir) path(runID string) (string, bool) {
 	if s.dir == "" || !validRunID(runID) {
 		return "", false
 	}
@@ -83,9 +88,9 @@ func validRunID(id string) bool {
 	return true
 }
 
-// has reports whether an outcome of runID waits in the spool: the orphan sweep leaves such a run
+// Has reports whether an outcome of runID waits in the spool: the orphan sweep leaves such a run
 // alone, since its outcome is known and on its way.
-func (s spool) has(runID string) bool {
+func (s Dir) Has(runID string) bool {
 	p, ok := s.path(runID)
 	if !ok {
 		return false
@@ -94,9 +99,9 @@ func (s spool) has(runID string) bool {
 	return err == nil
 }
 
-// save writes o atomically (temporary file, fsync, rename, directory fsync; mode 0600 in a 0700
+// Save writes o atomically (temporary file, fsync, rename, directory fsync; mode 0600 in a 0700
 // directory), replacing an earlier outcome of the same run.
-func (s spool) save(o runOutcome) error {
+func (s Dir) Save(o Outcome) error {
 	p, ok := s.path(o.RunID)
 	if !ok {
 		if s.dir == "" {
@@ -156,7 +161,7 @@ func syncDir(dir string) error {
 }
 
 // remove forgets runID's outcome once the database holds it (or can never take it).
-func (s spool) remove(runID string) error {
+func (s Dir) remove(runID string) error {
 	p, ok := s.path(runID)
 	if !ok {
 		return nil
@@ -167,12 +172,12 @@ func (s spool) remove(runID string) error {
 	return nil
 }
 
-// errSpoolCorrupt marks a spool file that does not decode into an outcome of the run it names.
-var errSpoolCorrupt = errors.New("spool file is corrupt")
+// errCorrupt marks a spool file that does not decode into an outcome of the run it names.
+var errCorrupt = errors.New("spool file is corrupt")
 
 // load reads runID's spooled outcome.
-func (s spool) load(runID string) (runOutcome, error) {
-	var o runOutcome
+func (s Dir) load(runID string) (Outcome, error) {
+	var o Outcome
 	p, ok := s.path(runID)
 	if !ok {
 		return o, fmt.Errorf("spool run %q: %w", runID, fs.ErrNotExist)
@@ -182,13 +187,13 @@ func (s spool) load(runID string) (runOutcome, error) {
 		return o, fmt.Errorf("read spooled run %s: %w", runID, err)
 	}
 	if err := json.Unmarshal(data, &o); err != nil || o.RunID != runID || o.Status == "" {
-		return runOutcome{}, fmt.Errorf("read spooled run %s: %w", runID, errSpoolCorrupt)
+		return Outcome{}, fmt.Errorf("read spooled run %s: %w", runID, errCorrupt)
 	}
 	return o, nil
 }
 
-// list is the run ids with a spooled outcome (leftover temporary files are not outcomes).
-func (s spool) list() ([]string, error) {
+// List is the run ids with a spooled outcome (leftover temporary files are not outcomes).
+func (s Dir) List() ([]string, error) {
 	if s.dir == "" {
 		return nil, nil
 	}
@@ -211,7 +216,7 @@ func (s spool) list() ([]string, error) {
 
 // quarantine moves a corrupt spool file aside (<id>.json.corrupt) so it no longer holds its run
 // back from the orphan sweep, and keeps it for an administrator to read.
-func (s spool) quarantine(runID string) error {
+func (s Dir) quarantine(runID string) error {
 	p, ok := s.path(runID)
 	if !ok {
 		return nil
@@ -227,7 +232,7 @@ func (s spool) quarantine(runID string) error {
 const staleTempAge = 10 * time.Minute
 
 // sweepTemps removes temporary files that saves killed midway left behind.
-func (s spool) sweepTemps() {
+func (s Dir) sweepTemps() {
 	if s.dir == "" {
 		return
 	}

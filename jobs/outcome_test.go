@@ -4,102 +4,21 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 
 	"berth/db"
 	"berth/db/dbtest"
-	"berth/environment/jail/jailtest"
-
 	"berth/environment/datadir"
 	"berth/jobs/internal/jobstest"
+	"berth/jobs/spool"
 )
-
-// TestSpoolFiles: an outcome is saved atomically with private modes, read back whole, listed,
-// replaced, removed; an id that is not a run id never names a file; a corrupt file is refused
-// and set aside.
-func TestSpoolFiles(t *testing.T) {
-	t.Parallel()
-	data := t.TempDir()
-	sp := spoolOf(datadir.At(data))
-	id := jobstest.UUID()
-	exit := 3
-	o := runOutcome{RunID: id, Status: db.RunFailed, ErrorCode: codeCommandFailed, ErrorMessage: "exit 3", ExitCode: &exit,
-		Log: []byte("first\nLAST\n"), LogHead: 11, LogTotal: 11}
-	if sp.has(id) {
-		t.Fatal("empty spool has the run")
-	}
-	if err := sp.save(o); err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(data, "spool", "runs", id+".json")
-	fi, err := os.Stat(p)
-	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("spool file %v mode %v, want 0600", err, fi)
-	}
-	if di, err := os.Stat(filepath.Dir(p)); err != nil || di.Mode().Perm() != 0o700 {
-		t.Fatalf("spool dir mode %v (%v), want 0700", di, err)
-	}
-	got, err := sp.load(id)
-	if err != nil || got.Status != o.Status || got.ExitCode == nil || *got.ExitCode != 3 || !bytes.Equal(got.Log, o.Log) ||
-		got.LogTotal != 11 || got.ErrorCode != codeCommandFailed {
-		t.Fatalf("load = %+v, %v", got, err)
-	}
-	o.ErrorMessage = "replaced"
-	if err := sp.save(o); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := sp.load(id); got.ErrorMessage != "replaced" {
-		t.Fatalf("second save not read back: %q", got.ErrorMessage)
-	}
-	entries, _ := os.ReadDir(filepath.Dir(p))
-	if len(entries) != 1 {
-		t.Fatalf("spool dir holds %d entries after two saves, want 1 (no temporary left)", len(entries))
-	}
-	if ids, err := sp.list(); err != nil || len(ids) != 1 || ids[0] != id {
-		t.Fatalf("list = %v, %v", ids, err)
-	}
-	if err := sp.save(runOutcome{RunID: "../../etc/x", Status: "failed"}); err == nil {
-		t.Fatal("a path-like run id was spooled")
-	}
-	if sp.has("../" + id) {
-		t.Fatal("has followed a path-like id")
-	}
-	if err := sp.remove(id); err != nil || sp.has(id) {
-		t.Fatalf("remove: %v, still there %v", err, sp.has(id))
-	}
-	if err := sp.remove(id); err != nil {
-		t.Fatalf("second remove: %v", err)
-	}
-
-	bad := jobstest.UUID()
-	if err := os.WriteFile(filepath.Join(data, "spool", "runs", bad+".json"), []byte(`{"run_id":"`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sp.load(bad); !errors.Is(err, errSpoolCorrupt) {
-		t.Fatalf("corrupt load = %v, want errSpoolCorrupt", err)
-	}
-	if err := sp.quarantine(bad); err != nil || sp.has(bad) {
-		t.Fatalf("quarantine: %v, has %v", err, sp.has(bad))
-	}
-	if _, err := os.Stat(filepath.Join(data, "spool", "runs", bad+".json.corrupt")); err != nil {
-		t.Fatalf("quarantined file not kept: %v", err)
-	}
-	// Without a data dir nothing touches the disk.
-	if err := spoolOf(datadir.Layout{}).save(o); err != nil || spoolOf(datadir.Layout{}).has(id) {
-		t.Fatalf("dataless spool: %v", err)
-	}
-}
 
 // TestSpoolReplayAfterRestart (fault F-spool): node n1's executor finished a run during an
 // outage and died before the database took the outcome; its successor on the node starts. The
@@ -112,12 +31,12 @@ func TestSpoolReplayAfterRestart(t *testing.T) {
 	ctx := context.Background()
 	w := newSweepWorld(t)
 	data := t.TempDir()
-	sp := spoolOf(datadir.At(data))
+	sp := spool.Of(datadir.At(data))
 
 	spooled := w.run(db.RunRunning, "n1", 0)
 	w.job(ExecuteRunArgs{RunID: spooled}, "n1@dead", 0)
 	exit := 3
-	if err := sp.save(runOutcome{RunID: spooled, Status: db.RunFailed, ErrorCode: codeCommandFailed,
+	if err := sp.Save(spool.Outcome{RunID: spooled, Status: db.RunFailed, ErrorCode: codeCommandFailed,
 		ErrorMessage: "The command exited with status 3.", ExitCode: &exit, Log: []byte("working\nLAST LINE\n"),
 		LogHead: 18, LogTotal: 18}); err != nil {
 		t.Fatal(err)
@@ -130,7 +49,7 @@ func TestSpoolReplayAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	zero := 0
-	if err := sp.save(runOutcome{RunID: ended, Status: db.RunSucceeded, ExitCode: &zero}); err != nil {
+	if err := sp.Save(spool.Outcome{RunID: ended, Status: db.RunSucceeded, ExitCode: &zero}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -175,7 +94,7 @@ func TestSpoolReplayAfterRestart(t *testing.T) {
 	if n := w.count(`SELECT count(*) FROM river_job WHERE kind = 'finalize' AND args->>'run_id' = $1`, ended); n != 0 {
 		t.Fatal("replay enqueued finalize for a run that had ended")
 	}
-	if ids, _ := sp.list(); len(ids) != 0 {
+	if ids, _ := sp.List(); len(ids) != 0 {
 		t.Fatalf("spool after replay = %v, want empty", ids)
 	}
 	// A later sweep still leaves the replayed run's own verdict alone.
@@ -222,57 +141,5 @@ func TestFinalizeOutageCostsNoAttempt(t *testing.T) {
 	var snooze *rivertype.JobSnoozeError
 	if err := ew.Work(context.Background(), ejob); !errors.As(err, &snooze) {
 		t.Fatalf("execute_run against an unreachable database = %v, want a snooze", err)
-	}
-}
-
-// TestSettledOutcome: the final write stops retrying on success, on a run that already ended or
-// is gone, and on the database refusing the data; it keeps retrying on anything else (a refused
-// connection, a broken one, a timeout).
-func TestSettledOutcome(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		err     error
-		settled bool
-	}{
-		{nil, true},
-		{fmt.Errorf("run x to failed: %w", db.ErrRunState), true},
-		{db.ErrNotFound, true},
-		{&pgconn.PgError{Code: "23505"}, true},
-		{&pgconn.PgError{Code: "22P02"}, true},
-		{&pgconn.PgError{Code: "57P01"}, false},
-		{&pgconn.PgError{Code: "08006"}, false},
-		{&pgconn.PgError{Code: "40001"}, false},
-		{context.DeadlineExceeded, false},
-		{errors.New("dial: connection refused"), false},
-	}
-	for _, tc := range cases {
-		if got := settledOutcome(tc.err); got != tc.settled {
-			t.Errorf("settledOutcome(%v) = %v, want %v", tc.err, got, tc.settled)
-		}
-	}
-}
-
-// BenchmarkSpoolSave measures what spooling adds to every run's end: one atomic, fsynced save of
-// the outcome on the data dir's disk (outside /tmp), and its removal, for a 1 KiB log and for a
-// full 1 MiB kept log (ms/save).
-func BenchmarkSpoolSave(b *testing.B) {
-	for _, size := range []int{1 << 10, 1 << 20} {
-		b.Run(fmt.Sprintf("log=%dKiB", size>>10), func(b *testing.B) {
-			sp := spoolOf(datadir.At(jailtest.Dir(b)))
-			exit := 1
-			o := runOutcome{RunID: jobstest.UUID(), Status: db.RunFailed, ErrorCode: codeCommandFailed, ExitCode: &exit,
-				Log: bytes.Repeat([]byte("x"), size), LogHead: size, LogTotal: int64(size)}
-			b.ResetTimer()
-			start := time.Now()
-			for b.Loop() {
-				if err := sp.save(o); err != nil {
-					b.Fatal(err)
-				}
-				if err := sp.remove(o.RunID); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(time.Since(start).Microseconds())/1000/float64(b.N), "ms/save")
-		})
 	}
 }
