@@ -20,6 +20,7 @@ import (
 	"berth/environment/jail"
 	"berth/environment/netns"
 	"berth/environment/seal"
+	"berth/jobs/executing"
 	"berth/jobs/services"
 	"berth/workspace"
 )
@@ -59,9 +60,13 @@ type Deps struct {
 	// of hosts, the CA. Nil is allowed (the proxy then refuses everything: netns.Serve).
 	Egress *Egress
 	// Executing is this process's registry of the runs it executes, its River client id and its
-	// claim on NodeID (jobs/executing.go); NewClient makes one when it is nil. Pass the same one
-	// to SweepOrphans.
-	Executing *Executing
+	// claim on NodeID (package jobs/executing); NewClient makes one when it is nil. Pass the same
+	// one to SweepOrphans.
+	Executing *executing.Registry
+	// Unmanaged is what this process remembers of its unmanaged-directory reports
+	// (unmanaged_report.go); NewClient makes one when it is nil, and a sweep without one writes
+	// no report. Pass the same one to SweepOrphans.
+	Unmanaged *UnmanagedMemo
 	// Services runs this process's runtime services (package jobs/services, NewServices);
 	// Workers makes one when it is nil.
 	Services *services.Supervisor
@@ -177,7 +182,7 @@ func tunedConfig(d Deps, workers *river.Workers) *river.Config {
 		FetchPollInterval: fetchPollInterval,
 		JobTimeout:        10 * time.Minute,
 		MaxAttempts:       10,
-		// The client id names the node (see Executing); the middleware registers and heartbeats
+		// The client id names the node (package jobs/executing); the middleware registers and heartbeats
 		// the runs this process executes.
 		ID:         d.Executing.ClientID(),
 		Middleware: []rivertype.Middleware{&exhaustedMiddleware{deps: d}, &runMiddleware{deps: d}},
@@ -188,7 +193,10 @@ func tunedConfig(d Deps, workers *river.Workers) *river.Config {
 // of LISTEN/NOTIFY, with a 5 s fallback poll (see docs/jobs.md for the measured effect).
 func NewClient(d Deps, opts ClientOptions) (*river.Client[pgx.Tx], error) {
 	if d.Executing == nil {
-		d.Executing = NewExecuting(d.NodeID)
+		d.Executing = executing.New(d.NodeID)
+	}
+	if d.Unmanaged == nil {
+		d.Unmanaged = new(UnmanagedMemo)
 	}
 	workers, err := Workers(d)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"berth/db"
 	"berth/db/dbtest"
+	"berth/jobs/executing"
 	"berth/jobs/internal/jobstest"
 )
 
@@ -85,7 +86,7 @@ func TestTakeOverDeadNode(t *testing.T) {
 		t.Fatalf("heartbeat did not see the node silent for 40 s: %v %v", seen, err)
 	}
 
-	d := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "live1", Executing: NewExecuting("live1")}
+	d := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "live1", Executing: executing.New("live1")}
 	// Not yet dead by a minute's measure.
 	if n, err := TakeOverDeadNodes(ctx, d, w.ins, time.Minute); err != nil || n != 0 {
 		t.Fatalf("takeover before dead-after: %d %v", n, err)

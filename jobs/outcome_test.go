@@ -16,6 +16,7 @@ import (
 	"berth/db"
 	"berth/db/dbtest"
 	"berth/environment/datadir"
+	"berth/jobs/executing"
 	"berth/jobs/internal/jobstest"
 	"berth/jobs/spool"
 )
@@ -53,7 +54,7 @@ func TestSpoolReplayAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	e := NewExecuting("n1")
+	e := executing.New("n1")
 	if err := e.Claim(ctx, w.pool); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"berth/db"
+	"berth/jobs/executing"
 )
 
 // TestRunLogLinesCarryRunIDs: a line about a run (here the orphan sweep's) carries run_id,
@@ -18,7 +19,7 @@ func TestRunLogLinesCarryRunIDs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	w := newSweepWorld(t)
-	e := NewExecuting("n1")
+	e := executing.New("n1")
 	if err := e.Claim(ctx, w.pool); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"berth/db"
 	"berth/environment"
+	"berth/jobs/executing"
 	"berth/jobs/internal/jobstest"
 )
 
@@ -39,7 +40,7 @@ func TestSweepEnqueuesServiceStart(t *testing.T) {
 		SupervisorID: "n1@gone", Command: def.Command}); err != nil {
 		t.Fatal(err)
 	}
-	d := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: NewExecuting("n1")}
+	d := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: executing.New("n1")}
 	if err := (sweeper{deps: d, log: jobstest.Log(), ins: w.ins}).sweepServices(ctx, true); err != nil {
 		t.Fatal(err)
 	}

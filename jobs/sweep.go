@@ -15,6 +15,7 @@ import (
 	"berth/db"
 	"berth/environment"
 	"berth/environment/datadir"
+	"berth/jobs/executing"
 	"berth/jobs/spool"
 	"berth/workspace"
 )
@@ -176,7 +177,7 @@ func loadCandidates(ctx context.Context, q db.Querier) ([]db.OrphanCandidate, er
 
 // verdict decides whether a live run is orphaned, and why. sole means this process is the only
 // live one of its node.
-func verdict(c db.OrphanCandidate, e *Executing, sole bool) (reason string, orphaned bool) {
+func verdict(c db.OrphanCandidate, e *executing.Registry, sole bool) (reason string, orphaned bool) {
 	if e.Has(c.ID) {
 		return "", false
 	}
@@ -191,7 +192,7 @@ func verdict(c db.OrphanCandidate, e *Executing, sole bool) (reason string, orph
 	}
 	ours, old := sole, true
 	for _, j := range c.Jobs {
-		ours = ours && e.ownsHolder(j.Holder)
+		ours = ours && e.OwnsHolder(j.Holder)
 		old = old && j.Old
 	}
 	switch {
@@ -211,7 +212,7 @@ func (s *sweeper) orphans(ctx context.Context) (int, error) {
 	)
 	// The candidates are read while no other process of this node can start (or finish
 	// claiming), so a running job under another client id of this node is a dead process's.
-	err := s.deps.Executing.whileSole(ctx, func(isSole bool) error {
+	err := s.deps.Executing.WhileSole(ctx, func(isSole bool) error {
 		sole = isSole
 		var err error
 		cands, err = loadCandidates(ctx, s.deps.Pool)

@@ -22,14 +22,15 @@ import (
 	"berth/db"
 	"berth/db/dbtest"
 	"berth/environment"
+	"berth/jobs/executing"
 	"berth/jobs/internal/jobstest"
 	"berth/workspace"
 )
 
 func TestVerdict(t *testing.T) {
 	t.Parallel()
-	e := NewExecuting("n1")
-	e.add("executing-here")
+	e := executing.New("n1")
+	e.Add("executing-here")
 	self := e.ClientID()
 	running := func(holder string, old bool) db.CandidateJob {
 		return db.CandidateJob{State: "running", Holder: holder, Old: old}
@@ -203,7 +204,7 @@ func TestSweepOrphans(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	w := newSweepWorld(t)
-	e := NewExecuting("n1")
+	e := executing.New("n1")
 	if err := e.Claim(ctx, w.pool); err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +232,7 @@ func TestSweepOrphans(t *testing.T) {
 	// and a queued run with no job that is too fresh to judge.
 	here := w.run(db.RunRunning, "n1", 0)
 	w.job(ExecuteRunArgs{RunID: here}, "n1@dead", 0)
-	done := e.add(here)
+	done := e.Add(here)
 	defer done()
 	fetched := w.run(db.RunPreparing, "n1", 0)
 	w.job(ProvisionArgs{RunID: fetched}, e.ClientID(), 0)
@@ -313,8 +314,8 @@ func TestSweepSharedNodeID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	w := newSweepWorld(t)
-	me, other := NewExecuting("n1"), NewExecuting("n1")
-	for _, e := range []*Executing{me, other} {
+	me, other := executing.New("n1"), executing.New("n1")
+	for _, e := range []*executing.Registry{me, other} {
 		if err := e.Claim(ctx, w.pool); err != nil {
 			t.Fatal(err)
 		}
@@ -363,7 +364,7 @@ func TestRescuedJobsDoNotRerun(t *testing.T) {
 		if _, err := w.pool.Exec(ctx, `UPDATE runs SET command = $2 WHERE id = $1`, id, "echo x >> "+marker); err != nil {
 			t.Fatal(err)
 		}
-		rw := runWorker{deps: Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: NewExecuting("n1")}}
+		rw := runWorker{deps: Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: executing.New("n1")}}
 		row := &rivertype.JobRow{Attempt: 2, MaxAttempts: 10}
 		if err := (&ExecuteRunWorker{runWorker: rw}).Work(ctx, &river.Job[ExecuteRunArgs]{JobRow: row, Args: ExecuteRunArgs{RunID: id}}); err != nil {
 			t.Errorf("%s run: execute_run retry = %v", status, err)
@@ -403,7 +404,7 @@ func TestRunMiddleware(t *testing.T) {
 	if _, err := w.pool.Exec(ctx, `UPDATE runs SET heartbeat_at = now() - interval '10 minutes' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
-	e := NewExecuting("n1")
+	e := executing.New("n1")
 	m := &runMiddleware{deps: Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: e}}
 	args, _ := json.Marshal(ProvisionArgs{RunID: id})
 	err = m.Work(ctx, &rivertype.JobRow{Kind: "provision", EncodedArgs: args}, func(ctx context.Context) error {
@@ -504,7 +505,8 @@ func TestUnmanagedReport(t *testing.T) {
 	if err := os.Chtimes(junk, old, old); err != nil {
 		t.Fatal(err)
 	}
-	deps := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Workspaces: mgr, Executing: NewExecuting("n1")}
+	deps := Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Workspaces: mgr, Executing: executing.New("n1"),
+		Unmanaged: new(UnmanagedMemo)}
 	reports := func() []unmanagedReport {
 		t.Helper()
 		rows, err := w.pool.Query(ctx, `SELECT details FROM audit_events WHERE action = 'workspace.unmanaged_reported'
@@ -540,7 +542,7 @@ func TestUnmanagedReport(t *testing.T) {
 		t.Fatal("the unmanaged directory was touched")
 	}
 	// A new process knows the last report from the database: no repeat.
-	deps.Executing = NewExecuting("n1")
+	deps.Executing, deps.Unmanaged = executing.New("n1"), new(UnmanagedMemo)
 	if err := sweepOrphans(ctx, deps, false); err != nil {
 		t.Fatal(err)
 	}
@@ -577,8 +579,8 @@ func TestExpireLeasesAndCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The run is "executing" in this process, so the sweep leaves it to the lease machinery.
-	e := NewExecuting("n1")
-	defer e.add(id)()
+	e := executing.New("n1")
+	defer e.Add(id)()
 	_, gone := tagged(t, id)
 	client, err := NewClient(Deps{Pool: w.pool, Log: jobstest.Log(), NodeID: "n1", Executing: e}, ClientOptions{Work: true, MaxWorkers: 4})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"berth/db"
@@ -29,6 +30,15 @@ const (
 	// writes the report again, as a reminder, even when nothing changed.
 	unmanagedReminder = 30 * 24 * time.Hour
 )
+
+// UnmanagedMemo is what one process remembers of its node's unmanaged reports: the last one it
+// wrote or read, so each sweep does not read it from the database again, and the lock that makes
+// reports one at a time. Give every sweep of a process the same one (Deps.Unmanaged).
+type UnmanagedMemo struct {
+	mu    sync.Mutex // one unmanaged report at a time; guards last and known
+	last  unmanagedReport
+	known bool
+}
 
 // unmanagedReport is the details of a workspace.unmanaged_reported audit event: names only
 // (opaque refs and entry names under the managed base), never host paths.
@@ -66,12 +76,12 @@ func (r unmanagedReport) same(o unmanagedReport) bool {
 // set after a non-empty one included). Skipped while a realization on this node is between
 // creating its directory and recording its row.
 func (s *sweeper) reportUnmanaged(ctx context.Context) error {
-	m, e := s.deps.Workspaces, s.deps.Executing
-	if m == nil || e == nil || s.deps.NodeID == "" {
+	m, memo := s.deps.Workspaces, s.deps.Unmanaged
+	if m == nil || memo == nil || s.deps.NodeID == "" {
 		return nil
 	}
-	e.reportMu.Lock()
-	defer e.reportMu.Unlock()
+	memo.mu.Lock()
+	defer memo.mu.Unlock()
 	inflight, err := db.NodeRealizing(ctx, s.deps.Pool, s.deps.NodeID)
 	if err != nil {
 		return fmt.Errorf("unmanaged report: %w", err)
@@ -108,14 +118,14 @@ func (s *sweeper) reportUnmanaged(ctx context.Context) error {
 	}
 	rep.Unrecorded = rep.Unrecorded[:min(len(rep.Unrecorded), reportCap)]
 
-	last, known := e.lastReport()
+	last, known := memo.last, memo.known
 	if !known {
 		if last, err = lastUnmanagedReport(ctx, s.deps.Pool, s.deps.NodeID); err != nil {
 			return err
 		}
 	}
 	if rep.same(last) {
-		e.setLastReport(rep)
+		memo.last, memo.known = rep, true
 		return nil
 	}
 	details, err := rep.details()
@@ -126,7 +136,7 @@ func (s *sweeper) reportUnmanaged(ctx context.Context) error {
 		Action: unmanagedAction, TargetType: "node", TargetID: s.deps.NodeID, Details: details}); err != nil {
 		return fmt.Errorf("unmanaged report: %w", err)
 	}
-	e.setLastReport(rep)
+	memo.last, memo.known = rep, true
 	s.log.Warn("entries under the managed workspace base have no owner (reported, not deleted)",
 		"unmanaged", rep.UnmanagedCount, "unrecorded", rep.UnrecordedCount)
 	return nil
@@ -147,17 +157,4 @@ func lastUnmanagedReport(ctx context.Context, q db.Querier, node string) (unmana
 		return rep, fmt.Errorf("last unmanaged report: %w", err)
 	}
 	return rep, nil
-}
-
-// lastReport is the last unmanaged report this process wrote or read, if it knows one.
-func (e *Executing) lastReport() (unmanagedReport, bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.report, e.reportKnown
-}
-
-func (e *Executing) setLastReport(r unmanagedReport) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.report, e.reportKnown = r, true
 }

@@ -28,6 +28,7 @@ import (
 	"berth/handlers/metrics"
 	"berth/handlers/preview"
 	"berth/jobs"
+	"berth/jobs/executing"
 	"berth/static"
 	"berth/terminal"
 	"berth/terminal/imagesetup"
@@ -120,7 +121,7 @@ type parts struct {
 	receiptKey []byte    // signs run receipts (workspace/receipt), derived from key
 	host       jobs.Deps // the jail and what it masks (jailDeps)
 	plugins    *environment.PluginHost
-	executing  *jobs.Executing
+	executing  *executing.Registry
 	metrics    *metrics.Registry
 	egress     *jobs.Egress
 	deps       jobs.Deps // what the workers get
@@ -168,7 +169,7 @@ func openParts(ctx context.Context, c *config, getenv func(string) string, log *
 		return nil, err
 	}
 	stops.push(func() { _ = n.plugins.Close() })
-	n.executing = jobs.NewExecuting(nodeName)
+	n.executing = executing.New(nodeName)
 	stops.push(n.executing.Close)
 	n.metrics = metrics.New() // this process's /metrics registry; the workers observe run admission
 	// The egress proxy every jail with a network reaches (jobs/egress.go, docs/network.md).
@@ -203,6 +204,7 @@ func openParts(ctx context.Context, c *config, getenv func(string) string, log *
 		ReceiptKey: n.receiptKey,
 		HomeDir:    n.host.Data.Homes(),
 		Executing:  n.executing,
+		Unmanaged:  new(jobs.UnmanagedMemo),
 		Jail:       n.host.Jail,
 		Data:       n.host.Data,
 		Masks:      n.host.Masks,
@@ -417,7 +419,7 @@ func printBanner(stdout io.Writer, c *config, origins previewOrigins, admin firs
 
 // nodeID names this process's node on process-bound rows: BERTH_NODE_ID, else the host name.
 // Two working processes on one host need distinct BERTH_NODE_IDs (the second would otherwise
-// not recover the first's orphans at once, see jobs.Executing).
+// not recover the first's orphans at once, see package jobs/executing).
 func nodeID(getenv func(string) string) (string, error) {
 	if id := getenv("BERTH_NODE_ID"); id != "" {
 		if !validNodeID(id) {
