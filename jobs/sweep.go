@@ -16,6 +16,7 @@ import (
 	"berth/environment"
 	"berth/environment/datadir"
 	"berth/jobs/executing"
+	"berth/jobs/nodes"
 	"berth/jobs/spool"
 	"berth/workspace"
 )
@@ -252,7 +253,7 @@ func orphanMessage(reason, node string) string {
 	switch reason {
 	case reasonNodeRestarted:
 		return fmt.Sprintf("The Berth process executing this run on node %s stopped (crash or restart) before the run ended.", node)
-	case reasonNodeDead: // jobs/nodes.go
+	case nodes.ReasonDead: // package jobs/nodes
 		return fmt.Sprintf("Node %s, which held this run, stopped sending heartbeats and was declared dead; the run was settled by another node.", node)
 	case reasonStale:
 		return fmt.Sprintf("The run's executor (node %s) sent no heartbeat for more than %s.", node, staleAfter)

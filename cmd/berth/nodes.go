@@ -22,6 +22,7 @@ import (
 	"berth/db"
 	"berth/handlers"
 	"berth/jobs"
+	"berth/jobs/nodes"
 	"berth/static"
 )
 
@@ -44,8 +45,8 @@ func addNodeFlags(fs *flag.FlagSet, getenv func(string) string) *nodeFlags {
 
 // nodeTiming reads BERTH_NODE_HEARTBEAT, BERTH_NODE_DEAD_AFTER and BERTH_NODE_TAKEOVER_EVERY (Go
 // durations); unset ones keep DESIGN §11's 5 s, 30 s and 10 s.
-func nodeTiming(getenv func(string) string) (jobs.NodeTiming, error) {
-	t := jobs.DefaultNodeTiming()
+func nodeTiming(getenv func(string) string) (nodes.Timing, error) {
+	t := nodes.DefaultTiming()
 	for _, v := range []struct {
 		name string
 		dst  *time.Duration
@@ -70,7 +71,7 @@ func nodeTiming(getenv func(string) string) (jobs.NodeTiming, error) {
 type nodeProc struct {
 	id      string
 	log     *slog.Logger
-	timing  jobs.NodeTiming
+	timing  nodes.Timing
 	key     []byte
 	ln      net.Listener // the internal listener; nil without --internal-addr
 	url     string
@@ -110,7 +111,8 @@ func startNode(ctx context.Context, f *nodeFlags, getenv func(string) string, s 
 		}
 	}
 	reg := db.NodeRegistration{ID: n.id, Kind: s.Kind, InternalURL: n.url, Version: version, Works: s.Works}
-	keeper := jobs.NewNodeKeeper(s.Deps, reg, timing, s.Client)
+	keeper := nodes.NewKeeper(nodes.Deps{Pool: s.Deps.Pool, Log: s.Deps.Log, NodeID: s.Deps.NodeID,
+		Sweep: jobs.NodeSweep(s.Deps, s.Client)}, reg, timing)
 	regCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = keeper.Register(regCtx)
 	cancel()

@@ -1,12 +1,17 @@
-package jobs
-
-// Nodes (DESIGN §11, docs/scaling.md): every Berth process registers its node, heartbeats it,
-// and looks for dead nodes to take over. A node silent for DeadAfter is dead; within Takeover of
-// that, some live node settles what it held: its live runs end failed/orphaned (finalize waits in
-// the dead node's queue for its return), its leases are expired at once and cleaned (by any
-// node: the processes died with it), its services are marked stopped and its setup sessions
-// failed. When the node starts again it registers a new life, and its startup sweep kills what
-// is left of its own processes (SweepOrphans) and works its queue again.
+// Package nodes keeps this process's node alive and takes over dead ones (DESIGN §11,
+// docs/scaling.md): every Berth process registers its node, heartbeats it, and looks for dead
+// nodes to take over. A node silent for DeadAfter is dead; within Takeover of that, some live
+// node settles what it held: its live runs end failed/orphaned (finalize waits in the dead node's
+// queue for its return), its leases are expired at once and cleaned (by any node: the processes
+// died with it), its services are marked stopped and its setup sessions failed. When the node
+// starts again it registers a new life, and its startup sweep kills what is left of its own
+// processes (jobs.SweepOrphans) and works its queue again.
+//
+// The package owns the node rows (registration, heartbeat, the taken-over mark) and, in a
+// takeover, the dead node's leases, services and setup sessions. Its runs it does not touch
+// itself: they end the orphan sweep's way, and the leases' cleanup is a job; both go through the
+// Sweep that package jobs provides (jobs.NodeSweep). It imports nothing of jobs.
+package nodes
 
 import (
 	"context"
@@ -16,12 +21,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"berth/db"
 )
 
-// NodeTiming is the node registry's clock. The defaults are DESIGN §11's.
-type NodeTiming struct {
+// Timing is the node registry's clock. The defaults are DESIGN §11's.
+type Timing struct {
 	// Heartbeat is how often a node renews its row (5 s).
 	Heartbeat time.Duration
 	// DeadAfter: a node silent this long is dead (30 s).
@@ -33,21 +39,44 @@ type NodeTiming struct {
 	Takeover time.Duration
 }
 
-// DefaultNodeTiming is DESIGN §11's: heartbeat every 5 s, dead after 30 s, takeover checked
-// every 10 s.
-func DefaultNodeTiming() NodeTiming {
-	return NodeTiming{Heartbeat: 5 * time.Second, DeadAfter: 30 * time.Second, Takeover: 10 * time.Second}
+// DefaultTiming is DESIGN §11's: heartbeat every 5 s, dead after 30 s, takeover checked every
+// 10 s.
+func DefaultTiming() Timing {
+	return Timing{Heartbeat: 5 * time.Second, DeadAfter: 30 * time.Second, Takeover: 10 * time.Second}
 }
 
-// reasonNodeDead is the orphan reason of a dead node's runs.
-const reasonNodeDead = "node_dead"
+// ReasonDead is the orphan reason of a dead node's runs (the run.orphaned audit event's and the
+// run's message, jobs.orphanMessage).
+const ReasonDead = "node_dead"
 
-// NodeKeeper keeps this process's node row alive and takes over dead nodes.
-type NodeKeeper struct {
+// Sweep is what a takeover needs of the job layer: package jobs provides it (jobs.NodeSweep).
+type Sweep interface {
+	// Candidates are the live runs the orphan sweep would judge, with their unfinished run jobs.
+	Candidates(ctx context.Context) ([]db.OrphanCandidate, error)
+	// Orphan ends run c the orphan sweep's way for reason (failed/orphaned, its dead executor's
+	// jobs cancelled, finalize enqueued), logging to log, and reports whether it ended it.
+	Orphan(ctx context.Context, log *slog.Logger, c db.OrphanCandidate, reason string) (bool, error)
+	// CleanLease enqueues, in tx, the cleanup of lease l, just expired.
+	CleanLease(ctx context.Context, tx pgx.Tx, l db.Lease) error
+}
+
+// Deps are what the keeper and a takeover use.
+type Deps struct {
+	Pool *pgxpool.Pool
+	// Log takes the keeper's lines (component=nodes); nil discards.
+	Log *slog.Logger
+	// NodeID is this process's node, never taken over by itself and named as the taker.
+	NodeID string
+	// Sweep ends a dead node's runs and cleans its leases; nil only for a keeper that never
+	// takes over (a test of its heartbeat).
+	Sweep Sweep
+}
+
+// Keeper keeps this process's node row alive and takes over dead nodes.
+type Keeper struct {
 	deps   Deps
 	reg    db.NodeRegistration
-	timing NodeTiming
-	ins    jobClient
+	timing Timing
 	log    *slog.Logger
 	// healthySince is when this node's heartbeats began to succeed without a failure in
 	// between (zero while they fail): see mayJudge.
@@ -56,17 +85,16 @@ type NodeKeeper struct {
 	othersDead bool
 }
 
-// NewNodeKeeper makes the keeper of node reg.ID; ins enqueues the takeover's jobs (an
-// insert-only client does on a web node).
-func NewNodeKeeper(d Deps, reg db.NodeRegistration, timing NodeTiming, ins jobClient) *NodeKeeper {
+// NewKeeper makes the keeper of node reg.ID.
+func NewKeeper(d Deps, reg db.NodeRegistration, timing Timing) *Keeper {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
-	return &NodeKeeper{deps: d, reg: reg, timing: timing, ins: ins, log: d.Log.With("component", "nodes", "node", reg.ID)}
+	return &Keeper{deps: d, reg: reg, timing: timing, log: d.Log.With("component", "nodes", "node", reg.ID)}
 }
 
 // Register records this node's new life. Call it before the River client starts.
-func (k *NodeKeeper) Register(ctx context.Context) error {
+func (k *Keeper) Register(ctx context.Context) error {
 	if err := db.RegisterNode(ctx, k.deps.Pool, k.reg); err != nil {
 		return err
 	}
@@ -77,7 +105,7 @@ func (k *NodeKeeper) Register(ctx context.Context) error {
 }
 
 // Run heartbeats and takes over dead nodes until ctx ends.
-func (k *NodeKeeper) Run(ctx context.Context) {
+func (k *Keeper) Run(ctx context.Context) {
 	beat := time.NewTicker(k.timing.Heartbeat)
 	defer beat.Stop()
 	look := time.NewTicker(k.timing.Takeover)
@@ -92,7 +120,7 @@ func (k *NodeKeeper) Run(ctx context.Context) {
 			if !k.othersDead || !k.mayJudge(time.Now()) {
 				continue
 			}
-			if _, err := TakeOverDeadNodes(ctx, k.deps, k.ins, k.timing.DeadAfter); err != nil && ctx.Err() == nil {
+			if _, err := TakeOver(ctx, k.deps, k.timing.DeadAfter); err != nil && ctx.Err() == nil {
 				k.log.Warn("dead-node takeover", "err", err)
 			}
 		}
@@ -102,7 +130,7 @@ func (k *NodeKeeper) Run(ctx context.Context) {
 // heartbeat renews the row; a node the others took over (it was silent too long: a long
 // database outage, a paused machine) registers a new life, and what it still runs finds its
 // runs ended and its leases fenced.
-func (k *NodeKeeper) heartbeat(ctx context.Context) {
+func (k *Keeper) heartbeat(ctx context.Context) {
 	othersDead, err := db.HeartbeatNode(ctx, k.deps.Pool, k.reg.ID, k.timing.DeadAfter)
 	k.othersDead = othersDead
 	if errors.Is(err, db.ErrNodeTakenOver) || errors.Is(err, db.ErrNotFound) {
@@ -124,13 +152,13 @@ func (k *NodeKeeper) heartbeat(ctx context.Context) {
 // succeeded for a whole DeadAfter. After a database outage every node's heartbeat is old; the
 // first node back must give the others that long to beat again instead of taking over nodes
 // whose executors are alive and retrying their writes (package jobs/spool).
-func (k *NodeKeeper) mayJudge(now time.Time) bool {
+func (k *Keeper) mayJudge(now time.Time) bool {
 	return !k.healthySince.IsZero() && now.Sub(k.healthySince) >= k.timing.DeadAfter
 }
 
-// TakeOverDeadNodes takes over every node silent for deadAfter whose current life is not taken
-// over yet (never this process's own node), and returns how many it took over.
-func TakeOverDeadNodes(ctx context.Context, d Deps, ins jobClient, deadAfter time.Duration) (int, error) {
+// TakeOver takes over every node silent for deadAfter whose current life is not taken over yet
+// (never d.NodeID itself), and returns how many it took over.
+func TakeOver(ctx context.Context, d Deps, deadAfter time.Duration) (int, error) {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
@@ -144,7 +172,7 @@ func TakeOverDeadNodes(ctx context.Context, d Deps, ins jobClient, deadAfter tim
 		if id == d.NodeID {
 			continue
 		}
-		took, err := takeOver(ctx, d, ins, id, deadAfter)
+		took, err := takeOver(ctx, d, id, deadAfter)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("node %s: %w", id, err))
 		}
@@ -159,9 +187,9 @@ func TakeOverDeadNodes(ctx context.Context, d Deps, ins jobClient, deadAfter tim
 // orphan sweep ends them), then, in one transaction under its row lock, its leases, services and
 // setup sessions and the mark. A failure leaves the node unmarked, and the next look retries;
 // every step is idempotent.
-func takeOver(ctx context.Context, d Deps, ins jobClient, id string, deadAfter time.Duration) (bool, error) {
-	s := sweeper{deps: d, log: d.Log.With("component", "nodes", "dead_node", id), ins: ins}
-	cands, err := loadCandidates(ctx, d.Pool)
+func takeOver(ctx context.Context, d Deps, id string, deadAfter time.Duration) (bool, error) {
+	log := d.Log.With("component", "nodes", "dead_node", id)
+	cands, err := d.Sweep.Candidates(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -174,7 +202,7 @@ func takeOver(ctx context.Context, d Deps, ins jobClient, id string, deadAfter t
 		if alive, err := db.NodeAlive(ctx, d.Pool, id, deadAfter); err != nil || alive {
 			return false, err // it came back: its own sweep decides
 		}
-		ended, err := s.orphan(ctx, c, reasonNodeDead)
+		ended, err := d.Sweep.Orphan(ctx, log, c, ReasonDead)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("run %s: %w", c.ID, err))
 		}
@@ -193,7 +221,7 @@ func takeOver(ctx context.Context, d Deps, ins jobClient, id string, deadAfter t
 		if err != nil || !ok {
 			return err
 		}
-		// Marked first, so the cleanups below are placed on any node (Place, cleanup_lease).
+		// Marked first, so the cleanups below are placed on any node (jobs.Place, cleanup_lease).
 		if err := db.MarkNodeTakenOver(ctx, tx, id); err != nil {
 			return err
 		}
@@ -201,12 +229,12 @@ func takeOver(ctx context.Context, d Deps, ins jobClient, id string, deadAfter t
 			return err
 		}
 		for _, l := range leases {
-			if _, err := Enqueue(ctx, ins, tx, CleanupLeaseArgs{LeaseID: l.ID, Generation: l.Generation}); err != nil {
+			if err := d.Sweep.CleanLease(ctx, tx, l); err != nil {
 				return fmt.Errorf("enqueue cleanup of lease %s: %w", l.ID, err)
 			}
 			if err := db.InsertAudit(ctx, tx, db.AuditEvent{CompanyID: l.CompanyID, ActorType: db.ActorSystem,
 				ActorLabel: "node takeover", Action: "lease.expired", TargetType: "environment_lease", TargetID: l.ID,
-				Details: map[string]any{"run_id": l.RunID, "generation": l.Generation, "reason": reasonNodeDead,
+				Details: map[string]any{"run_id": l.RunID, "generation": l.Generation, "reason": ReasonDead,
 					"node": id, "taken_over_by": d.NodeID}}); err != nil {
 				return err
 			}
@@ -227,7 +255,7 @@ func takeOver(ctx context.Context, d Deps, ins jobClient, id string, deadAfter t
 		return false, err
 	}
 	if took || orphaned > 0 {
-		s.log.Warn("dead node taken over", "runs_orphaned", orphaned, "leases_expired", len(leases),
+		log.Warn("dead node taken over", "runs_orphaned", orphaned, "leases_expired", len(leases),
 			"services_stopped", services, "setup_sessions_failed", sessions)
 	}
 	return took, nil
