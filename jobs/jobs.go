@@ -1,7 +1,11 @@
 // Package jobs holds Berth's background work on River: one file per job kind (its args and its
 // idempotent worker), and this file, which registers the workers and the periodic schedule and
 // builds the client. Jobs are enqueued with InsertTx inside the transaction of the state change
-// that needs them, so a rolled-back change never leaves a job behind.
+// that needs them, so a rolled-back change never leaves a job behind. The long-lived parts the
+// kinds work through have packages of their own below, none of which imports jobs:
+// jobs/services (runtime services), jobs/nodes (heartbeat and dead-node takeover),
+// jobs/executing (this process's runs and node claim) and jobs/spool (run outcomes kept through
+// a database outage).
 package jobs
 
 import (
@@ -182,8 +186,8 @@ func tunedConfig(d Deps, workers *river.Workers) *river.Config {
 		FetchPollInterval: fetchPollInterval,
 		JobTimeout:        10 * time.Minute,
 		MaxAttempts:       10,
-		// The client id names the node (package jobs/executing); the middleware registers and heartbeats
-		// the runs this process executes.
+		// The client id names the node (package jobs/executing); the middleware registers and
+		// heartbeats the runs this process executes.
 		ID:         d.Executing.ClientID(),
 		Middleware: []rivertype.Middleware{&exhaustedMiddleware{deps: d}, &runMiddleware{deps: d}},
 	}

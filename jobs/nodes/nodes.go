@@ -45,8 +45,8 @@ func DefaultTiming() Timing {
 	return Timing{Heartbeat: 5 * time.Second, DeadAfter: 30 * time.Second, Takeover: 10 * time.Second}
 }
 
-// ReasonDead is the orphan reason of a dead node's runs (the run.orphaned audit event's and the
-// run's message, jobs.orphanMessage).
+// ReasonDead is the orphan reason of a dead node's runs, in their run.orphaned audit events
+// (package jobs words the runs' message for it).
 const ReasonDead = "node_dead"
 
 // Sweep is what a takeover needs of the job layer: package jobs provides it (jobs.NodeSweep).
@@ -62,6 +62,7 @@ type Sweep interface {
 
 // Deps are what the keeper and a takeover use.
 type Deps struct {
+	// Pool reaches the node rows and the dead node's holdings.
 	Pool *pgxpool.Pool
 	// Log takes the keeper's lines (component=nodes); nil discards.
 	Log *slog.Logger
