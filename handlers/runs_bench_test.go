@@ -72,12 +72,13 @@ func BenchmarkAdmissionToStartShared(b *testing.B) {
 	}
 	tasks := make([]db.Task, b.N)
 	for i := range tasks {
-		tasks[i] = re.task("true")
+		tasks[i] = re.task(stampCommand)
 	}
 	b.ResetTimer()
 	lat := admissionLatency(b, re, tasks)
 	b.StopTimer()
 	reportPercentiles(b, lat, "")
+	reportPhases(b, re)
 }
 
 // BenchmarkAdmissionToStartWorktree measures admission → command start for an isolated git
@@ -201,17 +202,19 @@ func BenchmarkAdmissionToStartContainment(b *testing.B) {
 }
 
 // BenchmarkAdmissionToStartSandbox measures admission → command start for an isolated git
-// worktree of a small repository on a sandbox environment (goal ≤ 50 ms p50).
+// worktree of a small repository on a sandbox environment (goal ≤ 50 ms p50), and reports the p50
+// of each phase on the way (admissionPhases).
 func BenchmarkAdmissionToStartSandbox(b *testing.B) {
 	re := setupRuns(b)
 	re.workspaceWith("")
 	re.useSandbox(environment.SandboxConfig{MemoryMB: 1024, PidsMax: 512, TimeoutS: 600})
 	tasks := make([]db.Task, b.N)
 	for i := range tasks {
-		tasks[i] = re.task("true")
+		tasks[i] = re.task(stampCommand)
 	}
 	b.ResetTimer()
 	lat := admissionLatency(b, re, tasks)
 	b.StopTimer()
 	reportPercentiles(b, lat, "")
+	reportPhases(b, re)
 }
