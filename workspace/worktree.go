@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -36,6 +37,9 @@ func (m *Manager) RenderBranch(ctx context.Context, template, taskKey string) (s
 	b := strings.ReplaceAll(template, "{task_key}", taskKey)
 	if strings.ContainsAny(b, "{}") || strings.HasPrefix(b, "-") || strings.Contains(b, "@{") || b == "HEAD" || b == "@" {
 		return "", fmt.Errorf("render branch %q: %w", b, ErrBadBranch)
+	}
+	if plainRefName(b) {
+		return b, nil // what git accepts anyway: no git process on the way to every run
 	}
 	out, _, err := m.git.exec(ctx, gitCall{}, "check-ref-format", "--branch", b)
 	if err != nil {
@@ -76,25 +80,22 @@ func (m *Manager) realizeGitWorktree(ctx context.Context, spec GitWorktreeSpec) 
 	}
 	defer unlock()
 	gd := "--git-dir=" + src.gitDir
-	baseRef, base, err := m.resolveBase(ctx, src, spec.DefaultRef)
+	// The base, its tree and the task branch in one git process: this is on the way to every run.
+	baseRef, baseCommit, task, err := m.resolveStart(ctx, src, spec.DefaultRef, "refs/heads/"+branch)
 	if err != nil {
 		return Result{}, err
 	}
-	tree, err := m.git.run(ctx, gitCall{}, gd, "rev-parse", "--verify", base+"^{tree}")
-	if err != nil {
-		return Result{}, err
+	base := baseCommit.id
+	res := Result{Strategy: StrategyGitWorktree, Branch: branch, BaseRef: baseRef, BaseCommit: base, TreeDigest: "git:" + baseCommit.tree}
+	if !task.ok {
+		// A new branch at a fresh root: no stale worktree entry can stand in its way, so no prune.
+		// `worktree add -b` creates the branch at base or fails, so its tip is base.
+		return m.addWorktree(ctx, src, res, base, "--no-track", "-b", branch, "{root}", base)
 	}
-	res := Result{Strategy: StrategyGitWorktree, Branch: branch, BaseRef: baseRef, BaseCommit: base, TreeDigest: "git:" + tree}
 	if _, err := m.git.run(ctx, gitCall{}, gd, "worktree", "prune"); err != nil {
 		return Result{}, err
 	}
-	tip, exists, err := m.revParse(ctx, src.gitDir, "refs/heads/"+branch)
-	if err != nil {
-		return Result{}, err
-	}
-	if !exists {
-		return m.addWorktree(ctx, src, res, "--no-track", "-b", branch, "{root}", base)
-	}
+	tip := task.id
 
 	descends, err := m.git.test(ctx, gitCall{}, gd, "merge-base", "--is-ancestor", base, tip)
 	if err != nil {
@@ -118,7 +119,7 @@ func (m *Manager) realizeGitWorktree(ctx context.Context, spec GitWorktreeSpec) 
 				return Result{}, err
 			}
 		}
-		return m.addWorktree(ctx, src, res, "{root}", branch)
+		return m.addWorktree(ctx, src, res, "", "{root}", branch)
 	}
 	ref, ok := m.managedWorktree(wt, src.gitDir)
 	if !ok || !unstarted {
@@ -163,9 +164,10 @@ git read-tree -m -u "$BERTH_OLD" "$BERTH_NEW"`, map[string]string{"BERTH_OLD": t
 
 // addWorktree creates a managed root and runs `git worktree add --no-checkout` with args, where
 // "{root}" stands for the new root; the files are then checked out in Berth's git jail, as the run
-// user (checkout applies .gitattributes, and the branch may hold a run's commits). On failure the
-// root is removed again.
-func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, args ...string) (Result, error) {
+// user (checkout applies .gitattributes, and the branch may hold a run's commits). tip is the task
+// branch's commit once git has added the worktree when args say so (a branch git creates at a
+// commit), else "" (git resolves it after). On failure the root is removed again.
+func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, tip string, args ...string) (Result, error) {
 	rec, root, err := m.createRoot(record{Strategy: StrategyGitWorktree, GitDir: src.gitDir, Branch: res.Branch})
 	if err != nil {
 		return Result{}, err
@@ -192,14 +194,17 @@ func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, ar
 	if err := m.writeRecord(rec); err != nil {
 		return fail(err)
 	}
-	tip, ok, err := m.revParse(ctx, src.gitDir, "refs/heads/"+res.Branch)
-	if err != nil || !ok {
-		return fail(fmt.Errorf("task branch %s after worktree add: %v: %w", res.Branch, err, ErrGit))
+	if tip == "" {
+		t, ok, err := m.revParse(ctx, src.gitDir, "refs/heads/"+res.Branch)
+		if err != nil || !ok {
+			return fail(fmt.Errorf("task branch %s after worktree add: %v: %w", res.Branch, err, ErrGit))
+		}
+		tip = t
 	}
 	if err := m.initStore(rec, tip, true); err != nil {
 		return fail(err)
 	}
-	if _, err := m.runJailedGit(ctx, m.storeJail(rec, m.store(rec), false, nil, `git reset -q --hard`, nil)); err != nil {
+	if _, err := m.runJailedGit(ctx, m.storeJail(rec, m.store(rec), false, nil, `exec git reset -q --hard`, nil)); err != nil {
 		return fail(err)
 	}
 	res.Ref, res.Cwd = rec.Ref, rec.Ref
@@ -253,13 +258,46 @@ func (m *Manager) revParse(ctx context.Context, gitDir, rev string) (string, boo
 // resolveBase turns the requested default ref into a fully qualified ref that resolves in the
 // repository holding the worktree, and its commit.
 func (m *Manager) resolveBase(ctx context.Context, src gitSource, want string) (string, string, error) {
+	ref, base, _, err := m.resolveStart(ctx, src, want, "")
+	return ref, base.id, err
+}
+
+// resolveStart is resolveBase with the base commit's tree and, when other is not "", what other
+// names (peeled to a commit), all from one `git cat-file --batch`.
+func (m *Manager) resolveStart(ctx context.Context, src gitSource, want, other string) (string, commitObject, commitObject, error) {
+	candidates, err := m.baseCandidates(ctx, src, want)
+	if err != nil {
+		return "", commitObject{}, commitObject{}, err
+	}
+	revs := candidates
+	if other != "" {
+		revs = append(slices.Clone(candidates), other)
+	}
+	found, err := m.lookupCommits(ctx, src.gitDir, revs...)
+	if err != nil {
+		return "", commitObject{}, commitObject{}, err
+	}
+	var o commitObject
+	if other != "" {
+		o = found[len(found)-1]
+	}
+	for i, c := range candidates {
+		if found[i].ok {
+			return c, found[i], o, nil
+		}
+	}
+	return "", commitObject{}, commitObject{}, fmt.Errorf("default ref %q not found: %w", want, ErrNotFound)
+}
+
+// baseCandidates are the refs the requested default ref may name, most specific first.
+func (m *Manager) baseCandidates(ctx context.Context, src gitSource, want string) ([]string, error) {
 	gd := "--git-dir=" + src.gitDir
 	var candidates []string
 	switch {
 	case want == "" && src.remote:
 		head, err := m.git.run(ctx, gitCall{}, gd, "symbolic-ref", "refs/remotes/origin/HEAD")
 		if err != nil {
-			return "", "", err
+			return nil, err
 		}
 		candidates = []string{head}
 	case want == "":
@@ -270,7 +308,7 @@ func (m *Manager) resolveBase(ctx context.Context, src gitSource, want string) (
 		candidates = []string{head}
 	default:
 		if err := m.checkRefName(ctx, want); err != nil {
-			return "", "", err
+			return nil, err
 		}
 		if src.remote {
 			candidates = []string{"refs/remotes/origin/" + want, "refs/tags/" + want}
@@ -284,16 +322,7 @@ func (m *Manager) resolveBase(ctx context.Context, src gitSource, want string) (
 			candidates = append(candidates, want)
 		}
 	}
-	for _, c := range candidates {
-		sha, ok, err := m.revParse(ctx, src.gitDir, c)
-		if err != nil {
-			return "", "", err
-		}
-		if ok {
-			return c, sha, nil
-		}
-	}
-	return "", "", fmt.Errorf("default ref %q not found: %w", want, ErrNotFound)
+	return candidates, nil
 }
 
 // checkRefName accepts full commit ids and names that git's ref-format rules allow.
@@ -303,6 +332,9 @@ func (m *Manager) checkRefName(ctx context.Context, name string) error {
 	}
 	if strings.HasPrefix(name, "-") || strings.Contains(name, "@{") {
 		return fmt.Errorf("ref %q: %w", name, ErrBadBranch)
+	}
+	if plainRefName(name) {
+		return nil
 	}
 	ok, err := m.git.test(ctx, gitCall{}, "check-ref-format", "--allow-onelevel", name)
 	if err != nil {
