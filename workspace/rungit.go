@@ -142,10 +142,17 @@ func (m *Manager) ensureStore(ctx context.Context, rec record) (record, error) {
 	return rec, m.initStore(rec, tip, true)
 }
 
-// initStore (re)creates the store with the branch at tip. copyAdmin takes HEAD, index and the
-// rest of the admin dir's top files from the recorded admin dir (Berth's own, in the source's
-// common dir, which no run can write).
+// initStore (re)creates the store with the branch at tip: its skeleton, then its admin dir.
 func (m *Manager) initStore(rec record, tip string, copyAdmin bool) error {
+	if err := m.storeSkeleton(rec, tip); err != nil {
+		return err
+	}
+	return m.storeAdmin(rec, copyAdmin)
+}
+
+// storeSkeleton (re)creates the store's directories and its own files with the branch at tip:
+// everything but the admin dir's files, and nothing in the source.
+func (m *Manager) storeSkeleton(rec record, tip string) error {
 	s := m.store(rec)
 	if err := os.RemoveAll(s.dir); err != nil {
 		return err
@@ -156,6 +163,27 @@ func (m *Manager) initStore(rec record, tip string, copyAdmin bool) error {
 			return err
 		}
 	}
+	files := map[string]string{
+		filepath.Join(s.repo(), "HEAD"):                  "ref: " + s.branchRef() + "\n",
+		filepath.Join(s.repo(), "config"):                "[core]\n\trepositoryformatversion = 0\n\tbare = true\n",
+		filepath.Join(s.objects(), "info", "alternates"): filepath.Join(rec.GitDir, "objects") + "\n",
+		filepath.Join(s.repo(), s.branchRef()):           tip + "\n",
+		filepath.Join(s.dir, "base"):                     tip + "\n",
+	}
+	for p, body := range files {
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// storeAdmin fills the store's admin dir, made by storeSkeleton: copyAdmin takes HEAD, index and
+// the rest of the admin dir's top files from the recorded admin dir (Berth's own, in the source's
+// common dir, which no run can write), else only commondir and gitdir; HEAD then names the task
+// branch. The directory the private refs are bound over is made in the common dir too.
+func (m *Manager) storeAdmin(rec record, copyAdmin bool) error {
+	s := m.store(rec)
 	if copyAdmin {
 		if err := copyTopFiles(rec.AdminDir, s.admin()); err != nil {
 			return err
@@ -167,18 +195,8 @@ func (m *Manager) initStore(rec record, tip string, copyAdmin bool) error {
 			}
 		}
 	}
-	files := map[string]string{
-		filepath.Join(s.admin(), "HEAD"):                 "ref: " + s.branchRef() + "\n",
-		filepath.Join(s.repo(), "HEAD"):                  "ref: " + s.branchRef() + "\n",
-		filepath.Join(s.repo(), "config"):                "[core]\n\trepositoryformatversion = 0\n\tbare = true\n",
-		filepath.Join(s.objects(), "info", "alternates"): filepath.Join(rec.GitDir, "objects") + "\n",
-		filepath.Join(s.repo(), s.branchRef()):           tip + "\n",
-		filepath.Join(s.dir, "base"):                     tip + "\n",
-	}
-	for p, body := range files {
-		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-			return err
-		}
+	if err := os.WriteFile(filepath.Join(s.admin(), "HEAD"), []byte("ref: "+s.branchRef()+"\n"), 0o600); err != nil {
+		return err
 	}
 	// The directory the private refs are bound over must exist in the common dir (a packed task
 	// branch leaves none); an empty ref directory changes nothing for git.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // DefaultBranchTemplate names task branches when a project sets no template.
@@ -167,6 +168,11 @@ git read-tree -m -u "$BERTH_OLD" "$BERTH_NEW"`, map[string]string{"BERTH_OLD": t
 // user (checkout applies .gitattributes, and the branch may hold a run's commits). tip is the task
 // branch's commit once git has added the worktree when args say so (a branch git creates at a
 // commit), else "" (git resolves it after). On failure the root is removed again.
+//
+// Each step is a process or a few file writes on the way to every run, so what does not depend
+// on git's output overlaps it: with the tip known, the private store's skeleton is made while git
+// adds the worktree, and the record naming the admin dir is written (and fsynced) while the
+// checkout runs. Both are done before addWorktree returns, or removes anything.
 func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, tip string, args ...string) (Result, error) {
 	rec, root, err := m.createRoot(record{Strategy: StrategyGitWorktree, GitDir: src.gitDir, Branch: res.Branch})
 	if err != nil {
@@ -179,9 +185,24 @@ func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, ti
 		}
 		full = append(full, a)
 	}
+	var (
+		writes             sync.WaitGroup // the store's skeleton and the record, under way
+		skelErr, recordErr error
+		skeleton           = make(chan struct{}) // closed once the skeleton is made (or failed)
+	)
 	fail := func(err error) (Result, error) {
-		_ = m.removeRootLocking(context.WithoutCancel(ctx), rec, false) // the caller holds the source lock
+		writes.Wait() // nothing is removed while it is being written
+		// The caller holds the source lock.
+		_ = m.removeRootLocking(context.WithoutCancel(ctx), rec, false)
 		return Result{}, err
+	}
+	if tip != "" {
+		writes.Add(1)
+		go func() {
+			defer writes.Done()
+			defer close(skeleton)
+			skelErr = m.storeSkeleton(rec, tip)
+		}()
 	}
 	if _, err := m.git.run(ctx, gitCall{}, full...); err != nil {
 		return fail(err)
@@ -191,21 +212,35 @@ func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, ti
 	if rec.AdminDir, err = m.findAdminDir(src.gitDir, root); err != nil {
 		return fail(err)
 	}
-	if err := m.writeRecord(rec); err != nil {
-		return fail(err)
-	}
+	recorded := rec
+	writes.Add(1)
+	go func() {
+		defer writes.Done()
+		recordErr = m.writeRecord(recorded)
+	}()
 	if tip == "" {
 		t, ok, err := m.revParse(ctx, src.gitDir, "refs/heads/"+res.Branch)
 		if err != nil || !ok {
+			close(skeleton)
 			return fail(fmt.Errorf("task branch %s after worktree add: %v: %w", res.Branch, err, ErrGit))
 		}
 		tip = t
+		skelErr = m.storeSkeleton(rec, tip)
+		close(skeleton)
 	}
-	if err := m.initStore(rec, tip, true); err != nil {
+	<-skeleton
+	if skelErr != nil {
+		return fail(skelErr)
+	}
+	if err := m.storeAdmin(rec, true); err != nil {
 		return fail(err)
 	}
 	if _, err := m.runJailedGit(ctx, m.storeJail(rec, m.store(rec), false, nil, `exec git reset -q --hard`, nil)); err != nil {
 		return fail(err)
+	}
+	writes.Wait()
+	if recordErr != nil {
+		return fail(recordErr)
 	}
 	res.Ref, res.Cwd = rec.Ref, rec.Ref
 	return res, nil
