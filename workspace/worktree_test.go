@@ -267,3 +267,42 @@ func TestGitIgnoresUserConfigAndHooks(t *testing.T) {
 		t.Fatal("a repository hook ran")
 	}
 }
+
+// TestGitWorktreeCheckoutFailureLeavesNothing: when the checkout in the git jail fails (here a
+// base whose tree holds a ".git" entry, which git refuses to check out), realize fails and leaves
+// no root, no record, no private store and no worktree registration behind, although the store
+// and the record were being written beside git.
+func TestGitWorktreeCheckoutFailureLeavesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	m := newTestManager(t)
+	repo := newRepo(t, map[string]string{"README.md": "hi\n"})
+	withStdin := func(in string, args ...string) string {
+		out, err := m.git.run(ctx, gitCall{dir: repo, stdin: strings.NewReader(in)}, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	blob := withStdin("x\n", "hash-object", "-w", "--stdin")
+	tree := withStdin("100644 blob "+blob+"\t.git\n", "mktree")
+	gitT(t, repo, "update-ref", "refs/heads/evil", gitT(t, repo, "commit-tree", tree, "-p", "HEAD", "-m", "evil"))
+
+	if _, err := m.RealizeGitWorktree(ctx, GitWorktreeSpec{Source: repo, DefaultRef: "evil", TaskKey: "PRJ-1"}); !errors.Is(err, ErrGit) {
+		t.Fatalf("realize = %v, want ErrGit", err)
+	}
+	for _, dir := range []string{m.Base(), m.runGit} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), refPrefix) {
+				t.Errorf("%s left in %s", e.Name(), dir)
+			}
+		}
+	}
+	if out := gitT(t, repo, "worktree", "list", "--porcelain"); strings.Count(out, "worktree ") != 1 {
+		t.Errorf("worktrees left registered:\n%s", out)
+	}
+}
