@@ -8,8 +8,8 @@
 //     the image layer read-only at /opt/image, the workspace at /workspace, every capability
 //     dropped, rlimits from the config.
 //   - Setup: the sandbox profile with the image layer writable.
-//   - Git: the explicit minimal root of the sandbox with the workspace and the git paths at their
-//     real paths and no network: where Berth's own git commands that interpret what a run wrote
+//   - Git: the explicit minimal root of the sandbox (fewer /etc files: no certificates or name
+//     resolution) with the workspace and the git paths at their real paths and no network: where Berth's own git commands that interpret what a run wrote
 //     (`git add`, `git status`, a rescue snapshot) run, as the run user (package workspace).
 //
 // Every profile has its own pid namespace (when its first process exits, the kernel kills
@@ -247,7 +247,11 @@ func Build(s Spec) (Cmd, error) {
 		for _, l := range []string{"bin", "lib", "lib64", "sbin"} {
 			a.add("--symlink", "usr/"+l, "/"+l)
 		}
-		for _, f := range sandboxEtc {
+		etc := sandboxEtc
+		if s.Profile == Git {
+			etc = gitEtc
+		}
+		for _, f := range etc {
 			a.add("--ro-bind-try", f, f)
 		}
 		uid, gid := SandboxUID, SandboxGID
@@ -392,6 +396,11 @@ var sandboxEtc = []string{
 	"/etc/nsswitch.conf", "/etc/host.conf", "/etc/localtime", "/etc/alternatives", "/etc/ld.so.cache",
 	"/etc/ld.so.conf", "/etc/ld.so.conf.d",
 }
+
+// gitEtc are the host /etc files Berth's git jails read: the local time zone (commit dates), the
+// loader's cache and the alternatives links. A git jail has no network, so no certificates or name
+// resolution; every mount less is a shorter start (it is on the way to every run's checkout).
+var gitEtc = []string{"/etc/localtime", "/etc/alternatives", "/etc/ld.so.cache"}
 
 type argv []string
 

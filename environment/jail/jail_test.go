@@ -189,6 +189,17 @@ func TestBuildGit(t *testing.T) {
 			t.Errorf("git argv lacks %q: %q", seq, a)
 		}
 	}
+	// Only what git reads of /etc: no certificates or name resolution in a jail without a network.
+	for _, f := range []string{"/etc/localtime", "/etc/ld.so.cache"} {
+		if index(a, "--ro-bind-try", f, f) < 0 {
+			t.Errorf("git argv lacks %s: %q", f, a)
+		}
+	}
+	for _, f := range []string{"/etc/ssl", "/etc/ca-certificates", "/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf"} {
+		if index(a, "--ro-bind-try", f, f) >= 0 {
+			t.Errorf("git argv binds %s: %q", f, a)
+		}
+	}
 	s := gitSpec()
 	s.WorkspaceReadOnly = true
 	if c, _ := Build(s); index(c.Args, "--ro-bind", "/data/workspaces/ws-c", "/data/workspaces/ws-c") < 0 {
