@@ -95,6 +95,9 @@ func TestSandbox(t *testing.T) {
 		{"get the image's variables", `echo "$GREETING"`, "hi there\n"},
 		{"get the run's variables", `echo "$BERTH_RUN_TOKEN"`, "run-token\n"},
 		{"list a minimal root", "ls /", "bin\ndev\netc\nlib\nlib64\nopt\nproc\nsbin\ntmp\nusr\nworkspace\n"},
+		// Also when bubblewrap runs as root and the command as the run user: /etc is not root's alone.
+		{"read its /etc", "id -un; test -r /etc/passwd && test -r /etc/ld.so.cache && ls /etc/ssl/certs >/dev/null && echo readable",
+			"berth\nreadable\n"},
 	}
 	for _, c := range allowed {
 		t.Run(c.name, func(t *testing.T) {

@@ -251,6 +251,9 @@ func Build(s Spec) (Cmd, error) {
 		if s.Profile == Git {
 			etc = gitEtc
 		}
+		// /etc first, 0755, and its generated files 0644: made by bubblewrap as root, they would be
+		// 0700 and 0600, and the run user could read none of what is bound there.
+		a.add("--perms", "0755", "--dir", "/etc")
 		for _, f := range etc {
 			a.add("--ro-bind-try", f, f)
 		}
@@ -266,7 +269,7 @@ func Build(s Spec) (Cmd, error) {
 			group = []byte(fmt.Sprintf("root:x:0:\nberth:x:%d:\nnogroup:x:65534:\n", gid))
 		}
 		data = [][]byte{passwd, group}
-		a.add("--ro-bind-data", "3", "/etc/passwd", "--ro-bind-data", "4", "/etc/group")
+		a.add("--perms", "0644", "--ro-bind-data", "3", "/etc/passwd", "--perms", "0644", "--ro-bind-data", "4", "/etc/group")
 		a.add("--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp")
 		if env["HOME"] == "" {
 			env["HOME"] = sandboxHome

@@ -87,7 +87,8 @@ func TestBuildSandbox(t *testing.T) {
 		for _, seq := range [][]string{
 			{"--unshare-net"}, {"--uid", "1000", "--gid", "1000"}, {"--cap-drop", "ALL"}, {"--ro-bind", "/usr", "/usr"},
 			{"--bind", "/data/workspaces/ws-b", "/workspace"}, image, {"--chdir", "/workspace"},
-			{"--ro-bind-data", "3", "/etc/passwd"}, {"/usr/bin/prlimit", "--core=0", "--data=268435456", "--nproc=64", "--"},
+			{"--perms", "0644", "--ro-bind-data", "3", "/etc/passwd"}, {"/usr/bin/prlimit", "--core=0", "--data=268435456", "--nproc=64", "--"},
+			{"--perms", "0755", "--dir", "/etc"}, // readable by the run user (bubblewrap as root makes it 0700)
 		} {
 			if index(a, seq...) < 0 {
 				t.Errorf("%s argv lacks %q: %q", p, seq, a)
@@ -188,6 +189,9 @@ func TestBuildGit(t *testing.T) {
 		if index(a, seq...) < 0 {
 			t.Errorf("git argv lacks %q: %q", seq, a)
 		}
+	}
+	if i := index(a, "--perms", "0755", "--dir", "/etc"); i < 0 || i > index(a, "--ro-bind-try", "/etc/localtime", "/etc/localtime") {
+		t.Errorf("git argv does not make /etc 0755 before binding into it: %q", a)
 	}
 	// Only what git reads of /etc: no certificates or name resolution in a jail without a network.
 	for _, f := range []string{"/etc/localtime", "/etc/ld.so.cache"} {
