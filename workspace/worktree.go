@@ -198,11 +198,11 @@ func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, ti
 	}
 	if tip != "" {
 		writes.Add(1)
-		go func() {
+		go func(rec record, tip string) { // copies: rec gains its admin dir meanwhile
 			defer writes.Done()
 			defer close(skeleton)
 			skelErr = m.storeSkeleton(rec, tip)
-		}()
+		}(rec, tip)
 	}
 	if _, err := m.git.run(ctx, gitCall{}, full...); err != nil {
 		return fail(err)
@@ -212,12 +212,11 @@ func (m *Manager) addWorktree(ctx context.Context, src gitSource, res Result, ti
 	if rec.AdminDir, err = m.findAdminDir(src.gitDir, root); err != nil {
 		return fail(err)
 	}
-	recorded := rec
 	writes.Add(1)
-	go func() {
+	go func(rec record) {
 		defer writes.Done()
-		recordErr = m.writeRecord(recorded)
-	}()
+		recordErr = m.writeRecord(rec)
+	}(rec)
 	if tip == "" {
 		t, ok, err := m.revParse(ctx, src.gitDir, "refs/heads/"+res.Branch)
 		if err != nil || !ok {
