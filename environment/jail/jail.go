@@ -9,8 +9,9 @@
 //     dropped, rlimits from the config.
 //   - Setup: the sandbox profile with the image layer writable.
 //   - Git: the explicit minimal root of the sandbox (fewer /etc files: no certificates or name
-//     resolution) with the workspace and the git paths at their real paths and no network: where Berth's own git commands that interpret what a run wrote
-//     (`git add`, `git status`, a rescue snapshot) run, as the run user (package workspace).
+//     resolution) with the workspace and the git paths at their real paths and no network: where
+//     Berth's own git commands that interpret what a run wrote (`git add`, `git status`, a rescue
+//     snapshot) run, as the run user (package workspace).
 //
 // Every profile has its own pid namespace (when its first process exits, the kernel kills
 // everything left in it, daemonized or not), dies with Berth (--die-with-parent) and runs in a new
