@@ -28,6 +28,10 @@ func jailLocations(t *testing.T) map[string]string {
 		}
 		locs["/root"] = d
 	}
+	if d, err := os.MkdirTemp("/dev/shm", "berth-jailtest-"); err == nil { // a tmpfs below /dev
+		t.Cleanup(func() { os.RemoveAll(d) })
+		locs["/dev/shm"] = d
+	}
 	return locs
 }
 

@@ -46,7 +46,9 @@ func admissionLatency(b testing.TB, re *runEnv, tasks []db.Task) []time.Duration
 				break
 			}
 			if status == "failed" && d == nil {
-				b.Fatalf("run %s failed before its command started", id)
+				var code, msg string
+				_ = re.pool.QueryRow(context.Background(), `SELECT coalesce(error_code, ''), coalesce(error_message, '') FROM runs WHERE id = $1`, id).Scan(&code, &msg)
+				b.Fatalf("run %s failed before its command started: %s: %s", id, code, msg)
 			}
 			if time.Now().After(deadline) {
 				b.Fatalf("run %s did not finish", id)

@@ -401,6 +401,16 @@ var sandboxEtc = []string{
 	"/etc/ld.so.conf", "/etc/ld.so.conf.d",
 }
 
+// overGitRoot reports whether a bind at dst would cover part of the git jail's own root: its /usr,
+// /etc, /proc or devices. Below /dev/shm is not: it is a tmpfs where a data dir may live (the git
+// jail's /dev/shm is its own, so a bind there hides nothing of the host's).
+func overGitRoot(dst string) bool {
+	if Within(dst, "/dev/shm") && dst != "/dev/shm" {
+		return false
+	}
+	return Within(dst, "/usr") || Within(dst, "/etc") || Within(dst, "/proc") || Within(dst, "/dev")
+}
+
 // gitEtc are the host /etc files Berth's git jails read: the local time zone (commit dates), the
 // loader's cache and the alternatives links. A git jail has no network, so no certificates or name
 // resolution; every mount less is a shorter start (it is on the way to every run's checkout).
@@ -453,7 +463,7 @@ func (s Spec) check() error {
 			if !absClean(b.Src) || !absClean(b.dst()) || b.dst() == "/" {
 				return fmt.Errorf("bind paths must be absolute and clean: %w", ErrInvalid)
 			}
-			if s.Profile == Git && (Within(b.dst(), "/usr") || Within(b.dst(), "/etc") || Within(b.dst(), "/proc") || Within(b.dst(), "/dev")) {
+			if s.Profile == Git && overGitRoot(b.dst()) {
 				return fmt.Errorf("a git jail binds nothing over its own root: %w", ErrInvalid)
 			}
 		}

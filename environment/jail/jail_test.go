@@ -209,10 +209,18 @@ func TestBuildGit(t *testing.T) {
 	if c, _ := Build(s); index(c.Args, "--ro-bind", "/data/workspaces/ws-c", "/data/workspaces/ws-c") < 0 {
 		t.Errorf("read-only workspace: %q", c.Args)
 	}
+	for _, dst := range []string{"/usr/bin", "/etc/ssl", "/proc/1", "/dev", "/dev/pts", "/dev/shm"} {
+		s = gitSpec()
+		s.ReadWrite = []Bind{{Src: "/x", Dst: dst}}
+		if _, err := Build(s); !errors.Is(err, ErrInvalid) {
+			t.Errorf("a bind over %s: %v", dst, err)
+		}
+	}
+	// A data dir on the tmpfs at /dev/shm: its git paths are binds below the jail's own /dev/shm.
 	s = gitSpec()
-	s.ReadWrite = []Bind{{Src: "/x", Dst: "/usr/bin"}}
-	if _, err := Build(s); !errors.Is(err, ErrInvalid) {
-		t.Errorf("a bind over /usr: %v", err)
+	s.Workspace, s.ReadWrite = "/dev/shm/berth/workspaces/ws-c", []Bind{{Src: "/dev/shm/berth/run-git/ws-c/repo/objects"}}
+	if _, err := Build(s); err != nil {
+		t.Errorf("a data dir under /dev/shm: %v", err)
 	}
 }
 
