@@ -172,8 +172,10 @@ type ClientOptions struct {
 // fallback, since every insert notifies the queue (LISTEN/NOTIFY) and River's scheduler notifies
 // for retried and scheduled jobs. 50 ms cost ~40 queries/s on an idle server (two queues). River
 // drops an insert's notification when the queue was notified within FetchCooldown, hence the
-// 1 ms cooldown: with 5 ms, quick job chains waited for this poll (docs/jobs.md).
-const fetchPollInterval = 30 * time.Second
+// 1 ms cooldown: with 5 ms, quick job chains waited for this poll. Even at 1 ms a few jobs in a
+// hundred of a sub-millisecond chain wait for it, which is why it is 5 s and not longer
+// (BenchmarkRiverPickup fails past 10 s; docs/jobs.md "Tuning").
+const fetchPollInterval = 5 * time.Second
 
 // tunedConfig is the client configuration every Berth process uses: a 1 ms fetch cooldown on top
 // of LISTEN/NOTIFY for low pickup latency, and a fallback poll that costs an idle server little

@@ -63,7 +63,7 @@ func BenchmarkRiverPickup(b *testing.B) {
 		case d := <-w.picked:
 			lat = append(lat, d)
 		case <-time.After(10 * time.Second):
-			b.Fatal("job not picked up within 10 s")
+			b.Fatalf("job %d not picked up within 10 s", i)
 		}
 	}
 	b.StopTimer()
