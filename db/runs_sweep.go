@@ -110,6 +110,19 @@ func SetRunFinalize(ctx context.Context, q Querier, runID, state, errMsg string)
 	return nil
 }
 
+// MarkFinalizePending says, in the transaction that ends a run, that its finalize is to come: the
+// run's workspace (when it has one) and the run itself read finalize pending. A run without a
+// workspace has nothing to finalize there and is left as it is.
+func MarkFinalizePending(ctx context.Context, q Querier, run Run) error {
+	if run.ExecutionWorkspaceID == "" {
+		return nil
+	}
+	if err := SetFinalizeState(ctx, q, run.ExecutionWorkspaceID, "pending"); err != nil {
+		return err
+	}
+	return SetRunFinalize(ctx, q, run.ID, "pending", "")
+}
+
 // RunFinalize is how a company's run's finalize stands, and the error of its last failed attempt.
 func RunFinalize(ctx context.Context, q Querier, companyID, runID string) (state, errMsg string, err error) {
 	err = q.QueryRow(ctx, `SELECT finalize_state, finalize_error FROM runs WHERE company_id = $1 AND id = $2`, companyID, runID).

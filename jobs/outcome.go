@@ -40,13 +40,8 @@ func writeOutcome(ctx context.Context, pool *pgxpool.Pool, ins Inserter, o spool
 		if err := db.SetRunLog(ctx, tx, o.RunID, o.RunLog()); err != nil {
 			return err
 		}
-		if r.ExecutionWorkspaceID != "" {
-			if err := db.SetFinalizeState(ctx, tx, r.ExecutionWorkspaceID, "pending"); err != nil {
-				return err
-			}
-			if err := db.SetRunFinalize(ctx, tx, r.ID, "pending", ""); err != nil {
-				return err
-			}
+		if err := db.MarkFinalizePending(ctx, tx, r); err != nil {
+			return err
 		}
 		if _, err := Enqueue(ctx, ins, tx, FinalizeArgs{RunID: r.ID}); err != nil {
 			return fmt.Errorf("enqueue finalize: %w", err)

@@ -90,13 +90,8 @@ func (w runWorker) failRun(ctx context.Context, run db.Run, status, code, msg st
 
 // enqueueFinalize marks the workspace's finalize pending and enqueues finalize in tx.
 func (w runWorker) enqueueFinalize(ctx context.Context, tx pgx.Tx, run db.Run) error {
-	if run.ExecutionWorkspaceID != "" {
-		if err := db.SetFinalizeState(ctx, tx, run.ExecutionWorkspaceID, "pending"); err != nil {
-			return err
-		}
-		if err := db.SetRunFinalize(ctx, tx, run.ID, "pending", ""); err != nil {
-			return err
-		}
+	if err := db.MarkFinalizePending(ctx, tx, run); err != nil {
+		return err
 	}
 	_, err := Enqueue(ctx, river.ClientFromContext[pgx.Tx](ctx), tx, FinalizeArgs{RunID: run.ID})
 	return err

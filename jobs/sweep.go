@@ -308,13 +308,8 @@ func (s *sweeper) orphan(ctx context.Context, c db.OrphanCandidate, reason strin
 				"previous_status": c.Status, "processes_killed": killed}}); err != nil {
 			return err
 		}
-		if r.ExecutionWorkspaceID != "" {
-			if err := db.SetFinalizeState(ctx, tx, r.ExecutionWorkspaceID, "pending"); err != nil {
-				return err
-			}
-			if err := db.SetRunFinalize(ctx, tx, r.ID, "pending", ""); err != nil {
-				return err
-			}
+		if err := db.MarkFinalizePending(ctx, tx, r); err != nil {
+			return err
 		}
 		if _, err := Enqueue(ctx, s.ins, tx, FinalizeArgs{RunID: r.ID}); err != nil {
 			return fmt.Errorf("enqueue finalize: %w", err)
