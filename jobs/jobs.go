@@ -169,13 +169,14 @@ type ClientOptions struct {
 }
 
 // fetchPollInterval is how often an idle client looks for jobs without being told: only a
-// fallback, since every insert notifies the queue (LISTEN/NOTIFY) and River's scheduler notifies
-// for retried and scheduled jobs. 50 ms cost ~40 queries/s on an idle server (two queues). River
-// drops an insert's notification when the queue was notified within FetchCooldown, hence the
-// 1 ms cooldown: with 5 ms, quick job chains waited for this poll. Even at 1 ms a few jobs in a
-// hundred of a sub-millisecond chain wait for it, which is why it is 5 s and not longer
-// (BenchmarkRiverPickup fails past 10 s; docs/jobs.md "Tuning").
-const fetchPollInterval = 5 * time.Second
+// fallback, since every insert through Enqueue notifies its queue at commit (LISTEN/NOTIFY) and
+// River's scheduler notifies for retried and scheduled jobs. 50 ms cost ~40 queries/s on an idle
+// server (two queues), 5 s 24 queries a minute. River alone skips an insert's notification when
+// the queue was notified within FetchCooldown, which left a job of a quick chain to this poll;
+// Enqueue's own notification closes that (TestEnqueueNotifiesEveryInsert), so what still waits
+// for it is a River-made insert (a periodic job, a retry) meeting another one within 1 ms
+// (docs/jobs.md "Tuning").
+const fetchPollInterval = 30 * time.Second
 
 // tunedConfig is the client configuration every Berth process uses: a 1 ms fetch cooldown on top
 // of LISTEN/NOTIFY for low pickup latency, and a fallback poll that costs an idle server little
@@ -196,7 +197,7 @@ func tunedConfig(d Deps, workers *river.Workers) *river.Config {
 }
 
 // NewClient builds the River client, tuned for low pickup latency: a 1 ms fetch cooldown on top
-// of LISTEN/NOTIFY, with a 5 s fallback poll (see docs/jobs.md for the measured effect).
+// of LISTEN/NOTIFY, with a 30 s fallback poll (see docs/jobs.md for the measured effect).
 func NewClient(d Deps, opts ClientOptions) (*river.Client[pgx.Tx], error) {
 	if d.Executing == nil {
 		d.Executing = executing.New(d.NodeID)
