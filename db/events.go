@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // EventsChannel is the NOTIFY channel migration 0012's triggers send every change a page shows on.
@@ -48,9 +50,6 @@ type EventListener struct {
 	Log      *slog.Logger
 	OnEvent  func(Event)
 	OnListen func()
-	// Idle is how long a wait for a notification lasts before the connection is pinged to
-	// detect a dead peer (default 30 s).
-	Idle time.Duration
 	// MaxBackoff caps the wait between reconnection attempts (default 5 s).
 	MaxBackoff time.Duration
 }
@@ -91,8 +90,10 @@ func (l *EventListener) Run(ctx context.Context) error {
 // listen opens one connection, LISTENs and delivers notifications until the connection fails;
 // listened reports whether LISTEN succeeded.
 func (l *EventListener) listen(ctx context.Context) (listened bool, err error) {
+	cfg := l.Config.Copy()
+	cfg.DialFunc = keepAliveDial(cfg.DialFunc)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conn, err := pgx.ConnectConfig(cctx, l.Config.Copy())
+	conn, err := pgx.ConnectConfig(cctx, cfg)
 	cancel()
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
@@ -108,25 +109,14 @@ func (l *EventListener) listen(ctx context.Context) (listened bool, err error) {
 	if l.OnListen != nil {
 		l.OnListen()
 	}
-	idle := l.Idle
-	if idle <= 0 {
-		idle = 30 * time.Second
-	}
 	for {
-		wctx, cancel := context.WithTimeout(ctx, idle)
-		n, err := conn.WaitForNotification(wctx)
-		cancel()
+		// No timeout and no ping: a peer that is gone closes a Unix socket, and on TCP the
+		// kernel's keepalive probes (keepAliveDial) end the wait within ~30 s. An idle server's
+		// database then sees nothing from this connection (docs/jobs.md "Idle").
+		n, err := conn.WaitForNotification(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return true, ctx.Err()
-		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err): // quiet: is the peer still there?
-			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err = conn.Ping(pctx)
-			cancel()
-			if err != nil {
-				return true, fmt.Errorf("ping: %w", err)
-			}
-			continue
 		case err != nil:
 			return true, fmt.Errorf("wait: %w", err)
 		}
@@ -146,10 +136,24 @@ func (l *EventListener) logOf() *slog.Logger {
 	return l.Log
 }
 
-// isTimeout reports whether err is a network timeout (a wait that ran out, not a failure).
-func isTimeout(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
+// listenKeepAlive is the TCP keepalive of the listener's connection: probes after 15 s of
+// silence, every 5 s, three unanswered end it (a dead peer is found in ~30 s, as the 30 s ping
+// it replaces found it, without a query).
+var listenKeepAlive = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}
+
+// keepAliveDial wraps dial (pgx's dialer or a test's) so that a TCP connection it returns
+// probes its peer with listenKeepAlive.
+func keepAliveDial(dial pgconn.DialFunc) pgconn.DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok && err == nil {
+			if err := tc.SetKeepAliveConfig(listenKeepAlive); err != nil {
+				tc.Close()
+				return nil, fmt.Errorf("keepalive: %w", err)
+			}
+		}
+		return c, err
+	}
 }
 
 // EventCompanies lists the companies whose events a user may receive: those they are a member
