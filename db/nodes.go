@@ -71,22 +71,36 @@ func RegisterNode(ctx context.Context, q Querier, r NodeRegistration) error {
 	return nil
 }
 
-// HeartbeatNode renews a node's heartbeat and reports whether some other node has been silent for
-// deadAfter without being taken over (so the heartbeat is also the look for dead nodes, and a
-// cluster of live nodes pays nothing more). ErrNodeTakenOver: the others took over this life of
-// the node (it was silent too long); ErrNotFound: its row is gone.
-func HeartbeatNode(ctx context.Context, q Querier, id string, deadAfter time.Duration) (othersDead bool, err error) {
-	var taken bool
-	err = q.QueryRow(ctx, `UPDATE nodes SET heartbeat_at = CASE WHEN taken_over_at IS NULL THEN now() ELSE heartbeat_at END
-		WHERE id = $1 RETURNING taken_over_at IS NOT NULL, EXISTS (SELECT 1 FROM nodes d WHERE d.id <> $1
-			AND d.taken_over_at IS NULL AND d.heartbeat_at < now() - $2::interval)`, id, deadAfter).Scan(&taken, &othersDead)
-	if err != nil {
-		return false, fmt.Errorf("node heartbeat: %w", notFound(err))
+// Heartbeat is what a node heartbeat answers besides renewing the row.
+type Heartbeat struct {
+	// OthersDead: some other node has been silent for deadAfter without being taken over.
+	OthersDead bool
+	// Recovery: which periodic recovery job has work now or within the heartbeat's ahead.
+	Recovery RecoveryDue
+}
+
+// HeartbeatNode renews a node's heartbeat in one statement that also looks for dead nodes (so a
+// cluster of live nodes pays nothing more for that) and answers RecoveryDue, counting what
+// expires within ahead as due (the answer holds that long; RecoveryMemo). ErrNodeTakenOver: the
+// others took over this life of the node (it was silent too long); ErrNotFound: its row is gone.
+func HeartbeatNode(ctx context.Context, q Querier, id string, deadAfter, ahead time.Duration) (Heartbeat, error) {
+	var hb Heartbeat
+	var taken *bool
+	err := q.QueryRow(ctx, `WITH beat AS (
+			UPDATE nodes SET heartbeat_at = CASE WHEN taken_over_at IS NULL THEN now() ELSE heartbeat_at END
+			WHERE id = $1 RETURNING taken_over_at IS NOT NULL AS taken)
+		SELECT (SELECT taken FROM beat), EXISTS (SELECT 1 FROM nodes d WHERE d.id <> $1
+			AND d.taken_over_at IS NULL AND d.heartbeat_at < now() - $2::interval), `+recoveryDueColumns("$3", "$4"),
+		id, deadAfter, ahead, LiveRunStatuses).Scan(&taken, &hb.OthersDead, &hb.Recovery.Leases, &hb.Recovery.SetupSessions, &hb.Recovery.Live)
+	switch {
+	case err != nil:
+		return Heartbeat{}, fmt.Errorf("node heartbeat: %w", err)
+	case taken == nil:
+		return Heartbeat{}, fmt.Errorf("node heartbeat: %w", ErrNotFound)
+	case *taken:
+		return hb, ErrNodeTakenOver
 	}
-	if taken {
-		return othersDead, ErrNodeTakenOver
-	}
-	return othersDead, nil
+	return hb, nil
 }
 
 // nodeColumns reads a node with its holdings; $1 is the dead-after interval.

@@ -19,6 +19,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivertype"
 
+	"berth/db"
 	"berth/environment"
 	"berth/environment/datadir"
 	"berth/environment/jail"
@@ -71,6 +72,10 @@ type Deps struct {
 	// (unmanaged_report.go); NewClient makes one when it is nil, and a sweep without one writes
 	// no report. Pass the same one to SweepOrphans.
 	Unmanaged *UnmanagedMemo
+	// Recovery is this node's heartbeat answer to db.RecoveryDue, which the periodic gate reads
+	// before asking the database itself (periodic.go); pass the same one to the node keeper
+	// (nodes.Deps.Recovery). Nil: the gate asks at every tick.
+	Recovery *db.RecoveryMemo
 	// Services runs this process's runtime services (package jobs/services, NewServices);
 	// Workers makes one when it is nil.
 	Services *services.Supervisor

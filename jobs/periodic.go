@@ -19,9 +19,11 @@ const fullPassEvery = 10 * time.Minute
 
 // PeriodicJobs is the schedule the elected leader enqueues. The recovery kinds are asked first
 // (periodicGate): a job's insert, fetch and completion cost the database more than one question,
-// and on an idle server the answer is almost always "nothing to do" (BenchmarkIdleServer).
+// and on an idle server the answer is almost always "nothing to do" (BenchmarkIdleServer). No
+// job has a PeriodicJobOpts.ID: with open-source River an ID only makes every tick open and
+// commit an empty transaction (the durable schedule it upserts is River Pro's).
 func PeriodicJobs(d Deps) []*river.PeriodicJob {
-	g := &periodicGate{q: d.Pool, log: d.Log, last: map[string]time.Time{}}
+	g := &periodicGate{q: d.Pool, memo: d.Recovery, log: d.Log, last: map[string]time.Time{}}
 	gated := func(args river.JobArgs, due func(db.RecoveryDue) bool) func() (river.JobArgs, *river.InsertOpts) {
 		return func() (river.JobArgs, *river.InsertOpts) {
 			if !g.wants(args.Kind(), due) {
@@ -33,27 +35,29 @@ func PeriodicJobs(d Deps) []*river.PeriodicJob {
 	return []*river.PeriodicJob{
 		river.NewPeriodicJob(river.PeriodicInterval(HousekeepingInterval),
 			func() (river.JobArgs, *river.InsertOpts) { return HousekeepingArgs{}, nil },
-			&river.PeriodicJobOpts{ID: "housekeeping", RunOnStart: true}),
+			&river.PeriodicJobOpts{RunOnStart: true}),
 		// Recovery (sweep.go, leases.go); a restarting node also sweeps once directly.
 		river.NewPeriodicJob(river.PeriodicInterval(SweepInterval),
 			gated(SweepOrphansArgs{}, func(d db.RecoveryDue) bool { return d.Live }),
-			&river.PeriodicJobOpts{ID: "sweep_orphans", RunOnStart: true}),
+			&river.PeriodicJobOpts{RunOnStart: true}),
 		river.NewPeriodicJob(river.PeriodicInterval(ExpireLeasesInterval),
 			gated(ExpireLeasesArgs{}, func(d db.RecoveryDue) bool { return d.Leases }),
-			&river.PeriodicJobOpts{ID: "expire_leases", RunOnStart: true}),
+			&river.PeriodicJobOpts{RunOnStart: true}),
 		river.NewPeriodicJob(river.PeriodicInterval(ExpireSetupSessionsInterval),
 			gated(ExpireSetupSessionsArgs{}, func(d db.RecoveryDue) bool { return d.SetupSessions }),
-			&river.PeriodicJobOpts{ID: "expire_setup_sessions", RunOnStart: true}),
+			&river.PeriodicJobOpts{RunOnStart: true}),
 	}
 }
 
 // periodicGate decides on the leader whether a periodic recovery job is worth enqueueing: when
-// its kind has not run for fullPassEvery, or when db.RecoveryDueNow says it has work. One answer
+// its kind has not run for fullPassEvery, or when db.RecoveryDue says it has work: the answer
+// this node's last heartbeat gave (memo) while it holds, else db.RecoveryDueNow. One answer
 // serves every kind due in the same second (their schedules line up: 15 s and 30 s from the
 // same start). If the database does not answer, the job is enqueued and its own queries decide.
 type periodicGate struct {
-	q   db.Querier
-	log *slog.Logger
+	q    db.Querier
+	memo *db.RecoveryMemo
+	log  *slog.Logger
 
 	mu    sync.Mutex
 	asked time.Time
@@ -69,6 +73,9 @@ func (g *periodicGate) wants(kind string, due func(db.RecoveryDue) bool) bool {
 	if now.Sub(g.last[kind]) >= fullPassEvery {
 		g.last[kind] = now
 		return true
+	}
+	if d, ok := g.memo.Fresh(now); ok {
+		g.due, g.asked = d, now
 	}
 	if now.Sub(g.asked) > time.Second {
 		// River calls this from its periodic enqueuer, which must not block for long.

@@ -97,6 +97,18 @@ func TestPeriodicGate(t *testing.T) {
 	if !ask("sweep_orphans", live) {
 		t.Fatal("an unanswered question skipped the job")
 	}
+
+	// The node heartbeat's answer, while it holds, is taken without a question (the database
+	// is still down: a question would enqueue); once it is stale the gate asks again.
+	g.memo = new(db.RecoveryMemo)
+	g.memo.Note(db.RecoveryDue{Leases: true}, time.Now().Add(time.Minute))
+	if ask("sweep_orphans", live) || !ask("expire_leases", leases) {
+		t.Fatal("the heartbeat's answer was not the gate's")
+	}
+	g.memo.Note(db.RecoveryDue{}, time.Now().Add(-time.Millisecond))
+	if !ask("sweep_orphans", live) {
+		t.Fatal("a stale heartbeat answer was taken")
+	}
 }
 
 // TestRiverLoggerQuietsSkips: River's note on every skipped periodic tick is debug, not info;

@@ -112,7 +112,7 @@ func startNode(ctx context.Context, f *nodeFlags, getenv func(string) string, s 
 	}
 	reg := db.NodeRegistration{ID: n.id, Kind: s.Kind, InternalURL: n.url, Version: version, Works: s.Works}
 	keeper := nodes.NewKeeper(nodes.Deps{Pool: s.Deps.Pool, Log: s.Deps.Log, NodeID: s.Deps.NodeID,
-		Sweep: jobs.NodeSweep(s.Deps, s.Client)}, reg, timing)
+		Sweep: jobs.NodeSweep(s.Deps, s.Client), Recovery: s.Deps.Recovery}, reg, timing)
 	regCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = keeper.Register(regCtx)
 	cancel()

@@ -205,6 +205,7 @@ func openParts(ctx context.Context, c *config, getenv func(string) string, log *
 		HomeDir:    n.host.Data.Homes(),
 		Executing:  n.executing,
 		Unmanaged:  new(jobs.UnmanagedMemo),
+		Recovery:   new(db.RecoveryMemo),
 		Jail:       n.host.Jail,
 		Data:       n.host.Data,
 		Masks:      n.host.Masks,

@@ -71,6 +71,9 @@ type Deps struct {
 	// Sweep ends a dead node's runs and cleans its leases; nil only for a keeper that never
 	// takes over (a test of its heartbeat).
 	Sweep Sweep
+	// Recovery takes each heartbeat's answer to db.RecoveryDue for the periodic gate of the
+	// same process (jobs.Deps.Recovery); nil: nobody asks.
+	Recovery *db.RecoveryMemo
 }
 
 // Keeper keeps this process's node row alive and takes over dead nodes.
@@ -132,8 +135,14 @@ func (k *Keeper) Run(ctx context.Context) {
 // database outage, a paused machine) registers a new life, and what it still runs finds its
 // runs ended and its leases fenced.
 func (k *Keeper) heartbeat(ctx context.Context) {
-	othersDead, err := db.HeartbeatNode(ctx, k.deps.Pool, k.reg.ID, k.timing.DeadAfter)
-	k.othersDead = othersDead
+	// The recovery answer counts what expires within two heartbeats as due, so it holds until
+	// the next one is late (the gate asks itself after that).
+	ahead, began := 2*k.timing.Heartbeat, time.Now()
+	hb, err := db.HeartbeatNode(ctx, k.deps.Pool, k.reg.ID, k.timing.DeadAfter, ahead)
+	k.othersDead = hb.OthersDead
+	if err == nil {
+		k.deps.Recovery.Note(hb.Recovery, began.Add(ahead))
+	}
 	if errors.Is(err, db.ErrNodeTakenOver) || errors.Is(err, db.ErrNotFound) {
 		k.log.Warn("this node was declared dead by the others; registering again")
 		err = k.Register(ctx)

@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -135,11 +136,11 @@ func TestTakeOverDeadNode(t *testing.T) {
 	d := Deps{Pool: pool, Log: jobstest.Log(), NodeID: "live1", Sweep: sweep}
 
 	// The live node's heartbeat is its look for dead nodes: it sees dead1 by 30 s, not by a minute.
-	if seen, err := db.HeartbeatNode(ctx, pool, "live1", time.Minute); err != nil || seen {
-		t.Fatalf("heartbeat saw a dead node by a minute's measure: %v %v", seen, err)
+	if hb, err := db.HeartbeatNode(ctx, pool, "live1", time.Minute, 0); err != nil || hb.OthersDead {
+		t.Fatalf("heartbeat saw a dead node by a minute's measure: %v %v", hb.OthersDead, err)
 	}
-	if seen, err := db.HeartbeatNode(ctx, pool, "live1", 30*time.Second); err != nil || !seen {
-		t.Fatalf("heartbeat did not see the node silent for 40 s: %v %v", seen, err)
+	if hb, err := db.HeartbeatNode(ctx, pool, "live1", 30*time.Second, 0); err != nil || !hb.OthersDead {
+		t.Fatalf("heartbeat did not see the node silent for 40 s: %v %v", hb.OthersDead, err)
 	}
 	// Not yet dead by a minute's measure.
 	if n, err := TakeOver(ctx, d, time.Minute); err != nil || n != 0 || len(sweep.orphaned) != 0 {
@@ -181,20 +182,64 @@ func TestTakeOverDeadNode(t *testing.T) {
 	if n, err := TakeOver(ctx, d, 30*time.Second); err != nil || n != 0 || len(sweep.cleaned) != 1 {
 		t.Fatalf("second takeover: %d %v, cleaned %v", n, err, sweep.cleaned)
 	}
-	if seen, err := db.HeartbeatNode(ctx, pool, "live1", 30*time.Second); err != nil || seen {
-		t.Fatalf("heartbeat still sees the node taken over: %v %v", seen, err)
+	if hb, err := db.HeartbeatNode(ctx, pool, "live1", 30*time.Second, 0); err != nil || hb.OthersDead {
+		t.Fatalf("heartbeat still sees the node taken over: %v %v", hb.OthersDead, err)
 	}
-	if _, err := db.HeartbeatNode(ctx, pool, "dead1", 30*time.Second); err != db.ErrNodeTakenOver {
+	if _, err := db.HeartbeatNode(ctx, pool, "dead1", 30*time.Second, 0); err != db.ErrNodeTakenOver {
 		t.Fatalf("heartbeat of a taken-over node: %v", err)
 	}
 	if err := db.RegisterNode(ctx, pool, db.NodeRegistration{ID: "dead1", Kind: db.NodeWorker, Works: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.HeartbeatNode(ctx, pool, "dead1", 30*time.Second); err != nil {
+	if _, err := db.HeartbeatNode(ctx, pool, "dead1", 30*time.Second, 0); err != nil {
 		t.Fatalf("heartbeat after registering again: %v", err)
 	}
 	if alive, _ := db.NodeAlive(ctx, pool, "dead1", 30*time.Second); !alive {
 		t.Error("a registered node is not alive")
+	}
+}
+
+// TestHeartbeatAnswersRecovery: the heartbeat's statement also answers db.RecoveryDue, counting
+// a lease that expires within its ahead as due already; the keeper keeps each answer in the
+// process's memo for the periodic gate, until two heartbeats from the beat; a heartbeat of a row
+// that is gone is ErrNotFound and keeps nothing.
+func TestHeartbeatAnswersRecovery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := newWorld(t)
+	if err := db.RegisterNode(ctx, w.pool, db.NodeRegistration{ID: "n1", Kind: db.NodeWorker, Works: true}); err != nil {
+		t.Fatal(err)
+	}
+	if hb, err := db.HeartbeatNode(ctx, w.pool, "n1", 30*time.Second, 10*time.Second); err != nil || hb.Recovery != (db.RecoveryDue{}) {
+		t.Fatalf("an idle instance: %+v %v", hb, err)
+	}
+	_, lease, _ := w.holdings("n1")
+	if _, err := w.pool.Exec(ctx, `UPDATE environment_leases SET expires_at = now() + interval '5 seconds' WHERE id = $1`, lease); err != nil {
+		t.Fatal(err)
+	}
+	if hb, err := db.HeartbeatNode(ctx, w.pool, "n1", 30*time.Second, 0); err != nil || hb.Recovery != (db.RecoveryDue{Live: true}) {
+		t.Fatalf("a live run, a lease 5 s from expiry, nothing ahead: %+v %v", hb, err)
+	}
+	if hb, err := db.HeartbeatNode(ctx, w.pool, "n1", 30*time.Second, 10*time.Second); err != nil || hb.Recovery != (db.RecoveryDue{Live: true, Leases: true}) {
+		t.Fatalf("the same, 10 s ahead: %+v %v", hb, err)
+	}
+	if d, err := db.RecoveryDueNow(ctx, w.pool); err != nil || d != (db.RecoveryDue{Live: true}) {
+		t.Fatalf("RecoveryDueNow (nothing ahead): %+v %v", d, err)
+	}
+
+	memo := new(db.RecoveryMemo)
+	timing := DefaultTiming()
+	k := NewKeeper(Deps{Pool: w.pool, Recovery: memo}, db.NodeRegistration{ID: "n1", Kind: db.NodeWorker}, timing)
+	began := time.Now()
+	k.heartbeat(ctx)
+	if d, ok := memo.Fresh(time.Now()); !ok || d != (db.RecoveryDue{Live: true, Leases: true}) {
+		t.Fatalf("the keeper's memo: %+v %v", d, ok)
+	}
+	if _, ok := memo.Fresh(began.Add(2*timing.Heartbeat + time.Millisecond)); ok {
+		t.Fatal("the memo still holds two heartbeats after the beat")
+	}
+	if _, err := db.HeartbeatNode(ctx, w.pool, "gone", 30*time.Second, 0); !errors.Is(err, db.ErrNotFound) {
+		t.Fatalf("heartbeat of a node with no row: %v", err)
 	}
 }
 
