@@ -21,7 +21,8 @@ import (
 // holds an SSE stream open, and the benchmark reports the database transactions per second of
 // its database (pg_stat_database xact_commit + xact_rollback; the measuring pool adds two) and
 // the process's CPU as a percentage of one core (utime + stime from /proc/<pid>/stat). Targets:
-// ≤ 1 query/s and ≤ 0.5 % of one core. Run it with -benchtime 1x.
+// ≤ 1 query/s and ≤ 0.5 % of one core. Run it with -benchtime 1x; BERTH_IDLE_TRACE=1 also logs
+// every statement the server sent in the window (traceStatements).
 func BenchmarkIdleServer(b *testing.B) {
 	idle := 60 * time.Second
 	if v, err := strconv.Atoi(os.Getenv("BERTH_IDLE_SECONDS")); err == nil && v > 0 {
@@ -29,6 +30,7 @@ func BenchmarkIdleServer(b *testing.B) {
 	}
 	for range b.N {
 		w := newCrashWorld(b, "")
+		trace := traceStatements(b, w)
 		addr := freeAddr(b)
 		cmd := berthProc(b, map[string]string{"DATABASE_URL": w.conn, "BERTH_DATA_DIR": w.dataDir, "BERTH_ADDR": addr,
 			"BERTH_LOG_LEVEL": "warn", "BERTH_ADMIN_EMAIL": "root@example.com", "BERTH_ADMIN_PASSWORD": "a long admin password"}, "", "serve")
@@ -67,6 +69,7 @@ func BenchmarkIdleServer(b *testing.B) {
 		tx0, cpu0, t0 := dbTransactions(b, w), processCPU(b, cmd.Process.Pid), time.Now()
 		tables0 := tableScans(b, w)
 		time.Sleep(idle)
+		trace(t0, time.Now())
 		tx1, cpu1, t1 := dbTransactions(b, w), processCPU(b, cmd.Process.Pid), time.Now()
 		for name, n := range tableScans(b, w) {
 			if d := n - tables0[name]; d > 0 {
