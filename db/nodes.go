@@ -55,17 +55,21 @@ type NodeRegistration struct {
 	InternalURL string
 	Version     string
 	Works       bool
+	// Capacity is how many runs the node executes at once (its --max-workers); 0 when it does
+	// not work jobs.
+	Capacity int
 }
 
 // RegisterNode records a node's new life: its row is created or replaced, started and heartbeat
 // now (database clock), no takeover. It waits for a takeover of its previous life in progress
 // (the row lock), so a node never starts while others are settling what it held.
 func RegisterNode(ctx context.Context, q Querier, r NodeRegistration) error {
-	if _, err := q.Exec(ctx, `INSERT INTO nodes (id, kind, internal_url, version, works)
-		VALUES ($1, $2, $3, $4, $5)
+	if _, err := q.Exec(ctx, `INSERT INTO nodes (id, kind, internal_url, version, works, capacity)
+		VALUES ($1, $2, $3, $4, $5, $6)
 		ON CONFLICT (id) DO UPDATE SET kind = EXCLUDED.kind, internal_url = EXCLUDED.internal_url,
-			version = EXCLUDED.version, works = EXCLUDED.works, started_at = now(), heartbeat_at = now(),
-			taken_over_at = NULL`, r.ID, r.Kind, r.InternalURL, r.Version, r.Works); err != nil {
+			version = EXCLUDED.version, works = EXCLUDED.works, capacity = EXCLUDED.capacity,
+			started_at = now(), heartbeat_at = now(), taken_over_at = NULL`,
+		r.ID, r.Kind, r.InternalURL, r.Version, r.Works, max(r.Capacity, 0)); err != nil {
 		return fmt.Errorf("register node %s: %w", r.ID, err)
 	}
 	return nil
@@ -101,6 +105,31 @@ func HeartbeatNode(ctx context.Context, q Querier, id string, deadAfter, ahead t
 		return hb, ErrNodeTakenOver
 	}
 	return hb, nil
+}
+
+// LighterNode is the live working node to hand a new run to instead of node self, or "" to keep
+// it: the one with the smallest share of its capacity in use (its queued, preparing and running
+// runs), when even with this run added that share is below self's now. So a node hands over only
+// while another has more room, and two nodes never hand one run back and forth. Nodes of
+// unknown capacity (0) neither hand over nor take.
+func LighterNode(ctx context.Context, q Querier, self string, deadAfter time.Duration) (string, error) {
+	var id string
+	err := q.QueryRow(ctx, `WITH load AS (
+			SELECT n.id, n.capacity::float8 AS capacity,
+				(SELECT count(*) FROM runs r WHERE r.node_id = n.id
+					AND r.status IN ('queued', 'preparing', 'running'))::float8 AS live -- runs_live_node_idx
+			FROM nodes n
+			WHERE n.works AND n.capacity > 0 AND n.taken_over_at IS NULL AND n.heartbeat_at >= now() - $2::interval)
+		SELECT o.id FROM load me JOIN load o ON o.id <> me.id
+		WHERE me.id = $1 AND (o.live + 1) / o.capacity < me.live / me.capacity
+		ORDER BY o.live / o.capacity, o.id LIMIT 1`, self, deadAfter).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("lighter node: %w", err)
+	}
+	return id, nil
 }
 
 // nodeColumns reads a node with its holdings; $1 is the dead-after interval.

@@ -56,6 +56,12 @@ func Enqueue(ctx context.Context, ins Inserter, tx pgx.Tx, args river.JobArgs) (
 	if err != nil {
 		return nil, err
 	}
+	return EnqueueOn(ctx, ins, tx, args, node)
+}
+
+// EnqueueOn inserts args in tx on node's queue ("": the shared default queue), without asking
+// Place: for a job that was placed already (a provision handed to another node, handover.go).
+func EnqueueOn(ctx context.Context, ins Inserter, tx pgx.Tx, args river.JobArgs, node string) (*rivertype.JobInsertResult, error) {
 	var opts *river.InsertOpts
 	if node != "" {
 		opts = &river.InsertOpts{Queue: NodeQueue(node)}

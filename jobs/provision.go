@@ -55,6 +55,11 @@ func (w *ProvisionWorker) Work(ctx context.Context, job *river.Job[ProvisionArgs
 	if run.CancelRequested {
 		return w.failRun(ctx, run, db.RunCancelled, "cancelled", "The run was cancelled before it started.")
 	}
+	if handed, err := w.handOver(ctx, river.ClientFromContext[pgx.Tx](ctx), job, run); err != nil {
+		w.deps.Log.Warn("provision: could not hand the run to a lighter node; provisioning here", "run", run.ID, "err", err)
+	} else if handed {
+		return nil
+	}
 	if run, err = db.TransitionRun(ctx, w.deps.Pool, run.ID, []string{db.RunQueued, db.RunPreparing}, db.RunPreparing,
 		db.RunUpdate{NodeID: &w.deps.NodeID}); err != nil {
 		return err

@@ -88,7 +88,9 @@ type nodeStart struct {
 	Client *river.Client[pgx.Tx]
 	Kind   string
 	Works  bool
-	Secret []byte
+	// Capacity is the runs this node executes at once (--max-workers) when it works.
+	Capacity int
+	Secret   []byte
 }
 
 // startNode opens the internal listener (so its URL is known), registers this node's new life
@@ -111,6 +113,9 @@ func startNode(ctx context.Context, f *nodeFlags, getenv func(string) string, s 
 		}
 	}
 	reg := db.NodeRegistration{ID: n.id, Kind: s.Kind, InternalURL: n.url, Version: version, Works: s.Works}
+	if s.Works {
+		reg.Capacity = max(s.Capacity, 1)
+	}
 	keeper := nodes.NewKeeper(nodes.Deps{Pool: s.Deps.Pool, Log: s.Deps.Log, NodeID: s.Deps.NodeID,
 		Sweep: jobs.NodeSweep(s.Deps, s.Client), Recovery: s.Deps.Recovery}, reg, timing)
 	regCtx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -233,7 +233,8 @@ func (n *parts) startWork(ctx context.Context, nf *nodeFlags, getenv func(string
 	if !web {
 		kind = "worker"
 	}
-	n.node, err = startNode(ctx, nf, getenv, nodeStart{Log: n.log, Deps: n.deps, Client: n.client, Kind: kind, Works: n.c.Workers, Secret: n.key})
+	n.node, err = startNode(ctx, nf, getenv, nodeStart{Log: n.log, Deps: n.deps, Client: n.client, Kind: kind, Works: n.c.Workers,
+		Capacity: n.c.MaxWorkers, Secret: n.key})
 	if err != nil {
 		return err
 	}
