@@ -71,26 +71,11 @@ func EnqueueOn(ctx context.Context, ins Inserter, tx pgx.Tx, args river.JobArgs,
 		return nil, err
 	}
 	if res.Job.State == rivertype.JobStateAvailable && !res.UniqueSkippedAsDuplicate {
-		if err := notifyInsert(ctx, tx, res.Job.Queue); err != nil {
+		if err := db.NotifyJobQueue(ctx, tx, res.Job.Queue); err != nil {
 			return nil, err
 		}
 	}
 	return res, nil
-}
-
-// notifyInsert tells the nodes working queue that a job is waiting, at tx's commit, every time.
-// River notifies too, but skips an insert's notification when its process notified that queue
-// within FetchCooldown (marked at insert, before the commit), and the earlier notification's
-// fetch can run before this job commits: the job would wait for the fallback poll. The channel
-// and payload are River's own (v0.51: "<schema>.river_insert", {"queue": "<name>"}), so PostgreSQL
-// folds the two into one when River sent its own in tx (TestEnqueueNotifiesEveryInsert).
-func notifyInsert(ctx context.Context, tx pgx.Tx, queue string) error {
-	_, err := tx.Exec(ctx, `SELECT pg_notify(current_schema() || '.river_insert', $1)`,
-		fmt.Sprintf("{\"queue\": %q}", queue))
-	if err != nil {
-		return fmt.Errorf("jobs: notify queue %s: %w", queue, err)
-	}
-	return nil
 }
 
 // Place is the node a job must run on ("" = any working node), read in tx:
