@@ -2,6 +2,7 @@ package environment
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,6 +49,12 @@ func TestFindAndKillTagged(t *testing.T) {
 	c := startDetached(t, dir, `exec sleep 300`)
 	d := startDetached(t, dir, `exec sleep 300`, TagVar+"="+tag+"-x", "NOT_"+TagVar+"="+tag)
 	untagged := readPidFile(t, filepath.Join(dir, "untagged.pid"))
+	// Until env has dropped the tag and exec'd sleep, the untagged child is a fork of the tagged
+	// shell, tag and all (a loaded machine once caught it there).
+	waitFor(t, "the untagged child to run sleep", func() bool {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", untagged))
+		return strings.HasPrefix(string(cmdline), "sleep\x00")
+	})
 
 	var found []int
 	waitFor(t, "five tagged processes", func() bool {
