@@ -26,20 +26,8 @@ func TestEnqueueNotifiesEveryInsert(t *testing.T) {
 	w := &pingWorker{picked: make(chan time.Duration, 4)}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, w)
-	worker, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quiet, Workers: workers,
-		FetchCooldown: time.Millisecond, FetchPollInterval: time.Hour,
-		Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := worker.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = worker.Stop(stopCtx)
-	})
+	startClient(t, pool, &river.Config{Logger: quiet, Workers: workers, FetchCooldown: time.Millisecond,
+		FetchPollInterval: time.Hour, Queues: map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2}}})
 	ins, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: quiet, Workers: workers,
 		FetchCooldown: time.Hour, FetchPollInterval: time.Hour})
 	if err != nil {

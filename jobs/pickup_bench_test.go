@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -43,18 +44,7 @@ func BenchmarkRiverPickup(b *testing.B) {
 	river.AddWorker(workers, w)
 	cfg := tunedConfig(Deps{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, workers)
 	cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 4}}
-	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := client.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = client.Stop(stopCtx)
-	})
+	client := startClient(b, pool, cfg)
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -75,4 +65,22 @@ func BenchmarkRiverPickup(b *testing.B) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// startClient starts a River client of cfg on pool, stopped when tb ends.
+func startClient(tb testing.TB, pool *pgxpool.Pool, cfg *river.Config) *river.Client[pgx.Tx] {
+	tb.Helper()
+	client, err := river.NewClient(riverpgxv5.New(pool), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := client.Start(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = client.Stop(stopCtx)
+	})
+	return client
 }
