@@ -32,6 +32,7 @@ type Node struct {
 	InternalURL string
 	Version     string
 	Works       bool
+	Capacity    int
 	StartedAt   time.Time
 	HeartbeatAt time.Time
 	TakenOverAt *time.Time
@@ -133,7 +134,7 @@ func LighterNode(ctx context.Context, q Querier, self string, deadAfter time.Dur
 }
 
 // nodeColumns reads a node with its holdings; $1 is the dead-after interval.
-const nodeColumns = `n.id, n.kind, n.internal_url, n.version, n.works, n.started_at, n.heartbeat_at, n.taken_over_at,
+const nodeColumns = `n.id, n.kind, n.internal_url, n.version, n.works, n.capacity, n.started_at, n.heartbeat_at, n.taken_over_at,
 	n.taken_over_at IS NULL AND n.heartbeat_at >= now() - $1::interval,
 	(SELECT count(*) FROM runs r WHERE r.node_id = n.id AND r.status IN ('queued', 'preparing', 'running')),
 	(SELECT count(*) FROM environment_leases l JOIN runs r ON r.id = l.run_id
@@ -144,7 +145,7 @@ const nodeColumns = `n.id, n.kind, n.internal_url, n.version, n.works, n.started
 
 func scanNode(row pgx.Row) (Node, error) {
 	var n Node
-	err := row.Scan(&n.ID, &n.Kind, &n.InternalURL, &n.Version, &n.Works, &n.StartedAt, &n.HeartbeatAt, &n.TakenOverAt,
+	err := row.Scan(&n.ID, &n.Kind, &n.InternalURL, &n.Version, &n.Works, &n.Capacity, &n.StartedAt, &n.HeartbeatAt, &n.TakenOverAt,
 		&n.Alive, &n.Holds.Runs, &n.Holds.Leases, &n.Holds.Services, &n.Holds.SetupSessions)
 	return n, notFound(err)
 }

@@ -48,6 +48,7 @@ type nodeJSON struct {
 	Alive       bool          `json:"alive"`
 	Version     string        `json:"version"`
 	Works       bool          `json:"works"`
+	Capacity    int           `json:"capacity"`
 	TakenOverAt *time.Time    `json:"taken_over_at"`
 	Holds       nodeHoldsJSON `json:"holds"`
 }
@@ -62,7 +63,7 @@ type nodeHoldsJSON struct {
 
 func newNodeJSON(n db.Node) nodeJSON {
 	return nodeJSON{ID: n.ID, Kind: n.Kind, InternalURL: n.InternalURL, StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt,
-		Alive: n.Alive, Version: n.Version, Works: n.Works, TakenOverAt: n.TakenOverAt,
+		Alive: n.Alive, Version: n.Version, Works: n.Works, Capacity: n.Capacity, TakenOverAt: n.TakenOverAt,
 		Holds: nodeHoldsJSON{Runs: n.Holds.Runs, Leases: n.Holds.Leases, Services: n.Holds.Services, SetupSessions: n.Holds.SetupSessions}}
 }
 
@@ -102,7 +103,7 @@ func (s *Server) nodesPage(w http.ResponseWriter, r *http.Request, p *principal)
 	}
 	rows := make([]views.NodeRow, 0, len(nodes))
 	for _, n := range nodes {
-		rows = append(rows, views.NodeRow{ID: n.ID, Kind: n.Kind, InternalURL: n.InternalURL, Version: n.Version, Works: n.Works,
+		rows = append(rows, views.NodeRow{ID: n.ID, Kind: n.Kind, InternalURL: n.InternalURL, Version: n.Version, Works: n.Works, Capacity: n.Capacity,
 			Alive: n.Alive, TakenOver: n.TakenOverAt != nil, StartedAt: n.StartedAt, HeartbeatAt: n.HeartbeatAt,
 			Runs: n.Holds.Runs, Leases: n.Holds.Leases, Services: n.Holds.Services, SetupSessions: n.Holds.SetupSessions})
 	}

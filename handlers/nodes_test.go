@@ -265,7 +265,7 @@ func TestNodesAPI(t *testing.T) {
 	e := setup(t)
 	r := e.roles()
 	ctx := context.Background()
-	for _, n := range []db.NodeRegistration{{ID: "a", Kind: db.NodeServe}, {ID: "b", Kind: db.NodeWorker, Works: true, InternalURL: "http://10.0.0.2:9000"}} {
+	for _, n := range []db.NodeRegistration{{ID: "a", Kind: db.NodeServe}, {ID: "b", Kind: db.NodeWorker, Works: true, Capacity: 8, InternalURL: "http://10.0.0.2:9000"}} {
 		if err := db.RegisterNode(ctx, e.pool, n); err != nil {
 			t.Fatal(err)
 		}
@@ -292,7 +292,8 @@ func TestNodesAPI(t *testing.T) {
 	}
 	resp.Body.Close()
 	if len(out.Items) != 2 || out.Items[0].ID != "b" || !out.Items[0].Alive || out.Items[0].Holds.Services != 1 ||
-		out.Items[0].InternalURL != "http://10.0.0.2:9000" || out.Items[1].ID != "a" || out.Items[1].Alive || out.Items[1].Kind != "serve" {
+		out.Items[0].InternalURL != "http://10.0.0.2:9000" || out.Items[0].Capacity != 8 ||
+		out.Items[1].ID != "a" || out.Items[1].Alive || out.Items[1].Kind != "serve" || out.Items[1].Capacity != 0 {
 		t.Fatalf("nodes = %+v", out.Items)
 	}
 	for name, a := range map[string]actor{"board": r.Board, "viewer": r.Viewer} {
@@ -307,7 +308,8 @@ func TestNodesAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body := readBody(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "silent") || !strings.Contains(body, ">b<") {
+	if body := readBody(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "silent") || !strings.Contains(body, ">b<") ||
+		!strings.Contains(body, "0 of 8 runs") {
 		t.Fatalf("admin page: %d %s", resp.StatusCode, body)
 	}
 }

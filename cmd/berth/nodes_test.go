@@ -317,8 +317,10 @@ func (c *nodeCluster) startNodes(workers int, maxWorkers string) {
 	c.waitFor("every node alive", 2*time.Minute, func() bool {
 		var out struct {
 			Items []struct {
-				ID    string `json:"id"`
-				Alive bool   `json:"alive"`
+				ID       string `json:"id"`
+				Alive    bool   `json:"alive"`
+				Works    bool   `json:"works"`
+				Capacity int    `json:"capacity"`
 			} `json:"items"`
 		}
 		if code := c.api("GET", "/api/nodes", c.admin, nil, &out); code != http.StatusOK {
@@ -328,6 +330,10 @@ func (c *nodeCluster) startNodes(workers int, maxWorkers string) {
 		for _, n := range out.Items {
 			if n.Alive {
 				alive++
+			}
+			// A worker registers its --max-workers as its capacity (placement); the web node none.
+			if want := map[bool]string{true: maxWorkers, false: "0"}[n.Works]; strconv.Itoa(n.Capacity) != want {
+				c.t.Fatalf("node %s (works %v): capacity %d, want %s", n.ID, n.Works, n.Capacity, want)
 			}
 		}
 		return alive == workers+1
