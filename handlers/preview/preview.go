@@ -95,13 +95,17 @@ type Config struct {
 
 // Proxy serves preview origins.
 type Proxy struct {
-	cfg      Config
-	cache    *cache
-	rp       http.Handler
-	ports    *ports
-	mu       sync.Mutex
-	touched  map[string]time.Time
-	closeOne sync.Once
+	cfg     Config
+	cache   *cache
+	tr      *http.Transport // to the services
+	buffers *bufferPool     // copy buffers of forward and rp
+	rp      http.Handler    // a protocol upgrade's proxy
+	// flushDelay is how long a body of unknown length waits unflushed (streamFlushDelay).
+	flushDelay time.Duration
+	ports      *ports
+	mu         sync.Mutex
+	touched    map[string]time.Time
+	closeOne   sync.Once
 }
 
 // New builds the proxy; with per-service ports it opens listeners as services get URLs.
@@ -114,6 +118,8 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.URLHost = PortURLHost(cfg.Berth.Hostname())
 	}
 	p := &Proxy{cfg: cfg, cache: newCache(), touched: map[string]time.Time{}}
+	p.tr, p.flushDelay = p.transport(), streamFlushDelay
+	p.buffers = &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
 	p.rp = p.reverseProxy()
 	if cfg.Domain == "" {
 		p.ports = newPorts(p, cfg.Ports, cfg.BindHost)

@@ -133,8 +133,7 @@ func (p *Proxy) proxy(w http.ResponseWriter, r *http.Request, svc db.RuntimeServ
 	if r.TLS != nil || p.cfg.Domain != "" && p.cfg.Berth.Scheme == "https" {
 		proto = "https"
 	}
-	t := &target{svc: svc, strip: strip, proto: proto, prefix: prefix}
-	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	p.forward(w, r, &target{svc: svc, strip: strip, proto: proto, prefix: prefix})
 }
 
 // fail answers an error: not found or not allowed is the same 404; anything else a 502 page
@@ -185,9 +184,8 @@ type bufferPool struct{ p sync.Pool }
 func (b *bufferPool) Get() []byte  { return *(b.p.Get().(*[]byte)) }
 func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
 
-// reverseProxy is the one proxy every preview request goes through; its target comes from the
-// request's context.
-func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
+// transport is every preview request's way to its service.
+func (p *Proxy) transport() *http.Transport {
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var ws string
 		if t, ok := ctx.Value(targetKey{}).(*target); ok {
@@ -200,43 +198,35 @@ func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
 		}
 		return p.cfg.Dial(ctx, ws, port)
 	}
-	tr := &http.Transport{Proxy: nil, DialContext: dial, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256,
+	return &http.Transport{Proxy: nil, DialContext: dial, MaxIdleConns: 1024, MaxIdleConnsPerHost: 256,
 		IdleConnTimeout: 90 * time.Second, ForceAttemptHTTP2: false, DisableCompression: true,
 		WriteBufferSize: 32 << 10, ReadBufferSize: 32 << 10}
-	pool := &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+}
+
+// reverseProxy serves the requests that switch protocols (a WebSocket); forward serves the
+// rest. Its target comes from the request's context; the service sees the same header as
+// forward sends, with the upgrade's Connection and Upgrade.
+func (p *Proxy) reverseProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
-		Transport:  tr,
-		BufferPool: pool,
-		// 0: a response of known length is copied without a flush per chunk; SSE (text/event-stream)
-		// and bodies of unknown length (chunked) are still flushed as they come (httputil.ReverseProxy).
-		FlushInterval: 0,
+		Transport:  p.tr,
+		BufferPool: p.buffers,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(*target)
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", "127.0.0.1:"+strconv.Itoa(t.svc.Port)
 			pr.Out.Host = "" // the service's own 127.0.0.1:PORT (dev servers refuse foreign names)
 			pr.Out.URL.Path, pr.Out.URL.RawPath = pr.In.URL.Path, pr.In.URL.RawPath
 			pr.Out.URL.RawQuery = pr.In.URL.RawQuery
-			pr.Out.Header.Del("Authorization")
-			pr.Out.Header.Del("Proxy-Authorization")
-			p.stripCookies(pr.Out)
-			if t.prefix != "" {
-				pr.Out.Header.Set("X-Forwarded-Prefix", t.prefix)
-			}
-			pr.Out.Header.Set("X-Forwarded-Proto", t.proto)
-			pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
+			h := p.outHeader(pr.In, t)
+			h["Connection"], h["Upgrade"] = pr.Out.Header["Connection"], pr.Out.Header["Upgrade"]
+			pr.Out.Header = h
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			p.confineSetCookies(resp.Header)
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if r.Context().Err() != nil {
-				return // the browser went away
-			}
-			t, _ := r.Context().Value(targetKey{}).(*target)
-			if t != nil {
-				p.cache.forget(t.svc.ID)
-				p.fail(w, r, t.svc.ID, err)
+			if t, ok := r.Context().Value(targetKey{}).(*target); ok {
+				p.upstreamFailed(w, r, t, err)
 			}
 		},
 	}
@@ -256,29 +246,39 @@ func (p *Proxy) berthCookie(name string) bool {
 	return false
 }
 
-// stripCookies removes Berth's cookies from a request to a service, keeping the app's own. It
-// leaves the header untouched when it holds none (the common case costs no allocation).
-func (p *Proxy) stripCookies(r *http.Request) {
-	raw := r.Header.Values("Cookie")
-	if len(raw) == 0 {
-		return
+// appCookies is a request's Cookie header values less Berth's cookies, keeping the app's own.
+// Values that cannot hold one of Berth's names are kept as they are (no parse, no allocation).
+func (p *Proxy) appCookies(vals []string) []string {
+	if len(vals) == 0 {
+		return nil
 	}
-	found := false
-	for _, v := range raw {
-		if strings.Contains(v, "berth_") {
-			found = true
-		}
+	if !p.mayHoldBerthCookie(vals) {
+		return vals[:len(vals):len(vals)]
 	}
-	if !found && len(p.cfg.BerthCookies) == 0 {
-		return
-	}
-	cookies := r.Cookies()
-	r.Header.Del("Cookie")
-	for _, c := range cookies {
+	in := &http.Request{Header: http.Header{"Cookie": vals}}
+	out := &http.Request{Header: http.Header{}}
+	for _, c := range in.Cookies() {
 		if !p.berthCookie(c.Name) {
-			r.AddCookie(c)
+			out.AddCookie(c)
 		}
 	}
+	return out.Header["Cookie"]
+}
+
+// mayHoldBerthCookie reports whether a cookie named in vals could be one of Berth's: every name
+// berthCookie accepts contains "berth_" or one of Config.BerthCookies.
+func (p *Proxy) mayHoldBerthCookie(vals []string) bool {
+	for _, v := range vals {
+		if strings.Contains(v, "berth_") {
+			return true
+		}
+		for _, n := range p.cfg.BerthCookies {
+			if strings.Contains(v, n) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // confineSetCookies keeps a service's cookies on its own preview origin: a Set-Cookie for one
