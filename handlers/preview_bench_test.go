@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -210,15 +212,27 @@ http {
 	return "http://" + addr + "/"
 }
 
+// plainProxy is the smallest Go forwarder in front of upstream (httputil's single-host reverse
+// proxy with an idle pool as large as the preview's, no authentication, no header rules) and
+// returns its URL: what net/http itself costs, for BenchmarkPreviewProxy to compare with.
+func plainProxy(b *testing.B, upstream string) string {
+	rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: upstream})
+	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
+	srv := httptest.NewServer(rp)
+	b.Cleanup(srv.Close)
+	return srv.URL + "/"
+}
+
 // BenchmarkPreviewProxy: a 20 KB page through the service's preview origin (the preview
-// listener's port) vs straight from the server vs nginx (proxy_pass with upstream keep-alive) in
-// front of the same server, at 32 concurrent clients (requests/s, ratios) and one client (added
-// p50, which includes authenticating the request with a bearer token). The server is a Go binary
-// on the host's loopback, so that the clients and nginx reach it directly too (a jailed service
-// listens in its own network namespace; the preview listener's setns dial happens once per
-// pooled connection, not per request); the node's supervisor vouches for it as for a service it
-// runs, so the proxy takes its hot path (no query per request). Goals (issue 26): ratio-nginx >= 0.9, ratio >= 0.5, added p50 <= 0.5 ms. Without
-// nginx the nginx figures are not reported.
+// listener's port) vs straight from the server vs nginx (proxy_pass with upstream keep-alive) and
+// the plain Go forwarder (plainProxy) in front of the same server, at 32 concurrent clients
+// (requests/s, ratios) and one client (added p50, which includes authenticating the request with
+// a bearer token). The server is a Go binary on the host's loopback, so that the clients, nginx
+// and the plain forwarder reach it directly too (a jailed service listens in its own network
+// namespace; the preview listener's setns dial happens once per pooled connection, not per
+// request); the node's supervisor vouches for it as for a service it runs, so the proxy takes its
+// hot path (no query per request). Goals (issue 26): ratio-nginx >= 0.9, ratio >= 0.5, added p50
+// <= 0.5 ms. Without nginx the nginx figures are not reported.
 func BenchmarkPreviewProxy(b *testing.B) {
 	serving := &servingMap{ports: map[string]int{}}
 	e := setup(b, func(d *Deps) { d.LocalServices = serving })
@@ -262,12 +276,14 @@ func BenchmarkPreviewProxy(b *testing.B) {
 	direct := "http://" + upstream + "/"
 	token := r.Viewer.Token
 	nginx := nginxProxy(b, upstream)
+	plain := plainProxy(b, upstream)
 	latencyP50(b, proxied, token, 200) // warm up every path
 	latencyP50(b, direct, token, 200)
+	latencyP50(b, plain, token, 200)
 	if nginx != "" {
 		latencyP50(b, nginx, token, 200)
 	}
-	var dRPS, pRPS, nRPS float64
+	var dRPS, pRPS, nRPS, plRPS float64
 	var dP50, pP50, nP50 time.Duration
 	// Interleaved in short rounds, so that load from elsewhere on the machine falls on every
 	// path alike.
@@ -276,6 +292,7 @@ func BenchmarkPreviewProxy(b *testing.B) {
 		for range rounds {
 			dRPS += loadRPSProc(b, direct, token, time.Second) / rounds
 			pRPS += loadRPSProc(b, proxied, token, time.Second) / rounds
+			plRPS += loadRPSProc(b, plain, token, time.Second) / rounds
 			if nginx != "" {
 				nRPS += loadRPSProc(b, nginx, token, time.Second) / rounds
 			}
@@ -295,6 +312,8 @@ func BenchmarkPreviewProxy(b *testing.B) {
 	b.ReportMetric(float64(dP50)/n/1e6, "direct-p50-ms")
 	b.ReportMetric(float64(pP50)/n/1e6, "proxied-p50-ms")
 	b.ReportMetric(float64(pP50-dP50)/n/1e6, "added-p50-ms")
+	b.ReportMetric(plRPS/n, "plain-rps")
+	b.ReportMetric(pRPS/plRPS, "ratio-plain")
 	if nginx != "" {
 		b.ReportMetric(nRPS/n, "nginx-rps")
 		b.ReportMetric(pRPS/nRPS, "ratio-nginx")

@@ -114,7 +114,8 @@ jr=$(metric BenchmarkJailStart ratio-p50)
 [ -n "$jr" ] && echo "Berth's jailed exec of true vs bare bwrap true, p50: ${jr}x (goal <= 1.5x)"
 pr=$(metric BenchmarkPreviewProxy ratio); pa=$(metric BenchmarkPreviewProxy added-p50-ms)
 pn=$(metric BenchmarkPreviewProxy ratio-nginx); pna=$(metric BenchmarkPreviewProxy nginx-added-p50-ms)
-[ -n "$pr" ] && echo "preview listener vs direct, 20 KB page at 32 clients: ${pr}x requests/s (goal >= 0.5x); vs nginx proxy_pass keep-alive: ${pn:-not measured (no nginx)}x (goal >= 0.9x); added p50 ${pa} ms (goal <= 0.5 ms; nginx adds ${pna:-?} ms)"
+ppl=$(metric BenchmarkPreviewProxy ratio-plain)
+[ -n "$pr" ] && echo "preview listener vs direct, 20 KB page at 32 clients: ${pr}x requests/s (goal >= 0.5x); vs nginx proxy_pass keep-alive: ${pn:-not measured (no nginx)}x (goal >= 0.9x); vs a plain httputil reverse proxy: ${ppl}x; added p50 ${pa} ms (goal <= 0.5 ms; nginx adds ${pna:-?} ms)"
 wr=$(metric BenchmarkPreviewWebSocket ratio)
 [ -n "$wr" ] && echo "WebSocket echo RTT through the proxy vs direct, p50: ${wr}x (goal <= 2x)"
 so=$(metric BenchmarkServiceStartToHealthy own-startup-p50-ms); sh=$(metric BenchmarkServiceStartToHealthy start-to-healthy-p50-ms)
