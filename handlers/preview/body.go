@@ -16,9 +16,9 @@ const streamFlushDelay = time.Millisecond
 // copyBody writes resp's status and body to w (its header already in w). A body of known length
 // is written as it is read. An event stream is flushed at once and after every read. Any other
 // body of unknown length is flushed only when the service keeps the proxy waiting for its next
-// bytes longer than p.flushDelay (streamFlushDelay); and when it came whole with its first read, it goes out
-// with a Content-Length (unless mayFrame is false: a trailer follows), in as few writes as
-// net/http allows, rather than chunked with its end in a write of its own.
+// bytes longer than p.flushDelay (streamFlushDelay); and when it came whole with its first
+// read, it goes out with a Content-Length (unless mayFrame is false: a trailer follows), in as
+// few writes as net/http allows, rather than chunked with its end in a write of its own.
 func (p *Proxy) copyBody(w http.ResponseWriter, resp *http.Response, mayFrame bool) error {
 	buf := p.buffers.Get()
 	defer p.buffers.Put(buf)
