@@ -31,9 +31,9 @@ func RecoveryDueNow(ctx context.Context, q Querier) (RecoveryDue, error) {
 	return d, nil
 }
 
-// recoveryDueColumns is RecoveryDue as three columns, counting what expires within the
-// interval placeholder ahead as due already (so an answer stays true for that long);
-// statuses is the placeholder of LiveRunStatuses. Also the node heartbeat's (HeartbeatNode).
+// recoveryDueColumns is RecoveryDue as three SQL columns, for RecoveryDueNow and HeartbeatNode.
+// ahead names the statement's interval parameter: what expires within it counts as due already,
+// so an answer holds for that long. statuses names its LiveRunStatuses parameter.
 func recoveryDueColumns(ahead, statuses string) string {
 	return `EXISTS (SELECT 1 FROM environment_leases WHERE status IN ('acquiring', 'active', 'releasing')
 			AND expires_at < now() + ` + ahead + `::interval),
