@@ -26,9 +26,11 @@ var ErrHostKeyMismatch = errors.New("host_key_mismatch: the server's host key is
 const DefaultSSHBaseDir = "~/.berth/workspaces"
 
 const (
-	// sshKeepalive is how often an idle connection is asked whether it is still there; a failed
-	// keepalive drops the connection and the next use dials again.
-	sshKeepalive = 15 * time.Second
+	// sshKeepalive is how often an idle connection is asked whether it is still there; one left
+	// unanswered for sshKeepaliveMisses intervals drops the connection and the next use dials
+	// again (OpenSSH's ServerAliveInterval and ServerAliveCountMax, 15 s and 3).
+	sshKeepalive       = 15 * time.Second
+	sshKeepaliveMisses = 3
 	// sshDialTimeout bounds connecting and the ssh handshake.
 	sshDialTimeout = 20 * time.Second
 	// sshScriptTimeout bounds the short helper scripts (stop, release, probe steps).
@@ -236,7 +238,8 @@ func (d *sshDriver) drop(ref string, c *sshConn) {
 }
 
 // watch sends keepalive@openssh.com every keepalive interval and drops the connection when a
-// keepalive gets no answer in time or the connection ends.
+// keepalive gets no answer within sshKeepaliveMisses intervals (a busy server or a loaded Berth
+// is not a dead peer) or the connection ends.
 func (d *sshDriver) watch(ref string, c *sshConn) {
 	go func() {
 		_ = c.client.Wait()
@@ -249,7 +252,7 @@ func (d *sshDriver) watch(ref string, c *sshConn) {
 		case <-c.done:
 			return
 		case <-t.C:
-			if err := keepalive(c.client, d.keepalive); err != nil {
+			if err := keepalive(c.client, sshKeepaliveMisses*d.keepalive); err != nil {
 				d.drop(ref, c)
 				return
 			}

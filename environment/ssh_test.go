@@ -570,7 +570,7 @@ func TestSSHKeepaliveDropsDeadConnection(t *testing.T) {
 	t.Parallel()
 	s := sshtest.Start(t)
 	d := driverFor(t, s, s.HostKey)
-	d.keepalive = 100 * time.Millisecond
+	d.keepalive = 200 * time.Millisecond // dropped after 600 ms of silence
 	inst, _, real := realized(t, d, map[string]string{"a.txt": "a\n"})
 	d.mu.Lock()
 	first := d.conns[inst.Ref]
